@@ -1,0 +1,198 @@
+// csa: fused CUDA kernels for the CSA/HCA Compressor, C++ API.
+//
+// A Runtime owns the CUDA driver table (loaded lazily), the NVRTC compiler, the disk cubin
+// cache, the in-memory module cache and the prepared launch records. Trainers may hold their
+// own Runtime or use Runtime::default_runtime().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "csa/export.h"
+
+struct CUstream_st;
+
+namespace csa {
+
+// A CUstream or cudaStream_t (the same type); nullptr is the legacy default stream.
+using Stream = CUstream_st*;
+
+enum class Status : int {
+  kOk = 0,
+  kInvalidArgument = 1,
+  kUnsupported = 2,
+  kDriverUnavailable = 3,
+  kDriverError = 4,
+  kCompileError = 5,
+  kCacheError = 6,
+  kCaptureUnsafe = 7,
+  kJitDisabled = 8,
+  kInternal = 9,
+};
+
+CSA_API const char* status_name(Status status) noexcept;
+
+class CSA_API Error : public std::runtime_error {
+ public:
+  Error(Status code, const std::string& message);
+  Status code() const noexcept { return code_; }
+
+ private:
+  Status code_;
+};
+
+// Backward flags (the C ABI's CSA_ACCUMULATE_GRAD_APE / CSA_DETERMINISTIC).
+inline constexpr std::uint32_t kAccumulateGradApe = 1u;
+inline constexpr std::uint32_t kDeterministic = 2u;
+
+// The compile-time shape of one compressor.
+struct Config {
+  std::int32_t ratio = 4;
+  std::int32_t head_dim = 128;
+  std::int32_t coff = 2;
+};
+
+// Which kernels serve a call. kReference is the plain one-thread-per-element kernel of the
+// SPEC op order, slow, for validation.
+enum class Family { kAuto, kShortWindow, kReference };
+
+struct ForwardArgs {
+  const void* kv = nullptr;     // (total_tokens, coff*head_dim) bf16
+  const void* score = nullptr;  // (total_tokens, coff*head_dim) bf16
+  const float* ape = nullptr;   // (ratio, coff*head_dim) fp32
+  const std::int32_t* cu_seqlens = nullptr;       // (num_segments + 1) int32
+  const std::int32_t* cu_seqlens_comp = nullptr;  // (num_segments + 1) int32
+  void* out = nullptr;                            // (total_comp, head_dim) bf16
+  std::int64_t total_tokens = 0;
+  std::int32_t num_segments = 0;
+  std::int64_t total_comp = 0;
+  Config config;
+};
+
+struct BackwardArgs {
+  const void* kv = nullptr;
+  const void* score = nullptr;
+  const float* ape = nullptr;
+  const std::int32_t* cu_seqlens = nullptr;
+  const std::int32_t* cu_seqlens_comp = nullptr;
+  const void* grad_out = nullptr;  // (total_comp, head_dim) bf16
+  void* grad_kv = nullptr;         // (total_tokens, coff*head_dim) bf16, fully written
+  void* grad_score = nullptr;      // (total_tokens, coff*head_dim) bf16, fully written
+  float* grad_ape = nullptr;       // (ratio, coff*head_dim) fp32, overwritten unless accumulating
+  std::int64_t total_tokens = 0;
+  std::int32_t num_segments = 0;
+  std::int64_t total_comp = 0;
+  Config config;
+  std::uint32_t flags = 0;
+};
+
+struct CSA_API RuntimeOptions {
+  std::string cache_dir;     // empty: $CSA_CACHE_DIR, $XDG_CACHE_HOME/csa, ~/.cache/csa
+  bool disk_cache = true;    // false: memory only
+  bool jit_enabled = true;   // false: a cache miss is an error (kJitDisabled)
+  bool ptxas_verbose = true; // keep the ptxas resource report of every compile
+  bool line_info = false;    // compile with -lineinfo (part of the cache key)
+  std::string log_level;     // spdlog level name; empty: warn
+
+  // The options above read from the CSA_* environment variables (README has the table).
+  static RuntimeOptions from_environment();
+};
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int cc_major = 0;
+  int cc_minor = 0;
+  int sm_count = 0;
+  std::int64_t l2_bytes = 0;
+  std::int64_t memory_bytes = 0;
+};
+
+struct DriverInfo {
+  bool available = false;
+  std::string reason;  // why not, when unavailable
+  int driver_version = 0;
+  std::vector<DeviceInfo> devices;
+};
+
+struct CacheInfo {
+  std::string directory;
+  bool persistent = false;  // false: memory only (unset, disabled or unwritable)
+  std::int64_t entries = 0;
+  std::int64_t bytes = 0;
+};
+
+// One module (all kernels of a configuration for one arch) made ready by prewarm.
+struct PrewarmReport {
+  Config config;
+  std::string arch;
+  std::string key;  // cache key (hex)
+  bool compiled = false;  // false: found in the disk cache
+  double seconds = 0.0;
+  int kernels = 0;
+  int max_registers = -1;  // from the ptxas report, -1 if none
+  int spill_bytes = -1;    // spill stores + loads over all kernels
+  int stack_bytes = -1;    // largest stack frame (local memory)
+  std::string ptxas_log;
+};
+
+struct OffsetReport {
+  bool ok = true;
+  int index = -1;  // first offending entry of cu_seqlens / cu_seqlens_comp
+  std::string message;
+};
+
+class CSA_API Runtime {
+ public:
+  explicit Runtime(RuntimeOptions options = RuntimeOptions::from_environment());
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // The process-wide default, created on first use from the environment.
+  static Runtime& default_runtime();
+
+  // Launch on `stream` in the calling thread's current CUDA context. Inputs are validated on
+  // the host first; a rejected call launches nothing and leaves the outputs untouched.
+  void forward(const ForwardArgs& args, Stream stream, Family family = Family::kAuto);
+  void backward(const BackwardArgs& args, Stream stream, Family family = Family::kAuto);
+
+  // Compile or load every kernel of `config` for a device (the same path a first call takes).
+  PrewarmReport prewarm(const Config& config, int device, Family family = Family::kAuto);
+  // Compile (or find in the disk cache) for an explicit arch such as "sm_90"; needs no driver.
+  PrewarmReport compile_for_arch(const Config& config, std::string_view arch,
+                                 Family family = Family::kAuto);
+
+  // Checks the offset arrays on the device (synchronises `stream`).
+  OffsetReport check_offsets(const std::int32_t* cu_seqlens, const std::int32_t* cu_seqlens_comp,
+                             std::int32_t num_segments, std::int64_t total_tokens,
+                             std::int64_t total_comp, std::int32_t ratio, Stream stream);
+
+  DriverInfo driver_info();
+  CacheInfo cache_info() const;
+  std::int64_t clear_disk_cache();  // entries removed
+  const RuntimeOptions& options() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Free functions on the default runtime.
+CSA_API void forward(const ForwardArgs& args, Stream stream);
+CSA_API void backward(const BackwardArgs& args, Stream stream);
+
+CSA_API const char* version() noexcept;
+CSA_API std::string nvrtc_version();
+CSA_API std::vector<std::string> supported_archs();  // NVRTC targets, e.g. "sm_90"
+
+// The production configurations that `csa prewarm` compiles by default.
+CSA_API std::vector<Config> default_configs();
+
+}  // namespace csa

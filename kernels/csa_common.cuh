@@ -1,0 +1,164 @@
+// Device helpers shared by every kernel family: bf16 conversion, vector access, the
+// row-to-window mapping with clamping. Self-contained: NVRTC needs no CUDA include directory.
+#pragma once
+#include "csa_params.h"
+
+namespace csa_kernel {
+
+__device__ __forceinline__ float bf16_to_f32(unsigned short h) {
+  return __uint_as_float(static_cast<unsigned>(h) << 16);
+}
+
+// Round to nearest even, as PyTorch's .to(bfloat16) does.
+__device__ __forceinline__ unsigned short f32_to_bf16(float f) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// VEC adjacent bf16 values <-> fp32 registers with one access of 2*VEC bytes.
+template <int VEC>
+__device__ __forceinline__ void load_bf16(const unsigned short* p, float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = bf16_to_f32(__ldg(p));
+  } else if constexpr (VEC == 2) {
+    const unsigned u = __ldg(reinterpret_cast<const unsigned*>(p));
+    v[0] = __uint_as_float(u << 16);
+    v[1] = __uint_as_float(u & 0xffff0000u);
+  } else if constexpr (VEC == 4) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    v[0] = __uint_as_float(u.x << 16);
+    v[1] = __uint_as_float(u.x & 0xffff0000u);
+    v[2] = __uint_as_float(u.y << 16);
+    v[3] = __uint_as_float(u.y & 0xffff0000u);
+  } else {
+    static_assert(VEC == 8, "VEC must be 1, 2, 4 or 8");
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v[2 * i] = __uint_as_float(w[i] << 16);
+      v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  return static_cast<unsigned>(f32_to_bf16(lo)) | (static_cast<unsigned>(f32_to_bf16(hi)) << 16);
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_bf16(unsigned short* p, const float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    *p = f32_to_bf16(v[0]);
+  } else if constexpr (VEC == 2) {
+    *reinterpret_cast<unsigned*>(p) = pack_bf16x2(v[0], v[1]);
+  } else if constexpr (VEC == 4) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+  } else {
+    *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                              pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_zero(unsigned short* p) {
+  if constexpr (VEC == 1) {
+    *p = 0;
+  } else if constexpr (VEC == 2) {
+    *reinterpret_cast<unsigned*>(p) = 0u;
+  } else if constexpr (VEC == 4) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(0u, 0u);
+  } else {
+    *reinterpret_cast<uint4*>(p) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void load_f32(const float* p, float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = __ldg(p);
+  } else if constexpr (VEC == 2) {
+    const float2 u = __ldg(reinterpret_cast<const float2*>(p));
+    v[0] = u.x;
+    v[1] = u.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) {
+      const float4 u = __ldg(reinterpret_cast<const float4*>(p + i));
+      v[i] = u.x;
+      v[i + 1] = u.y;
+      v[i + 2] = u.z;
+      v[i + 3] = u.w;
+    }
+  }
+}
+
+__device__ __forceinline__ int clamp_i32(long long v, int lo, int hi) {
+  return static_cast<int>(v < lo ? lo : (v > hi ? hi : v));
+}
+
+// Number of rows that belong to segments: min(cuc[B], total_comp); the rest are padding rows.
+__device__ __forceinline__ int valid_row_count(const int* cuc, int num_segments, int total_comp) {
+  if (num_segments <= 0) return 0;
+  return clamp_i32(__ldg(cuc + num_segments), 0, total_comp);
+}
+
+// Largest s in [0, B) with cuc[s] <= row. Terminates and stays in bounds for any array content.
+__device__ __forceinline__ int find_segment(const int* cuc, int num_segments, int row) {
+  int lo = 0;
+  int hi = num_segments - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (__ldg(cuc + mid) <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Where the window of one output row lies. `first`: the previous-block half is invalid.
+struct RowWindow {
+  int t0;       // first token of the row's own block
+  int seg_end;  // one past the segment's last token (clamped)
+  bool first;
+  bool last;  // the segment's last block: owns the zero-writes of its tail
+};
+
+// NOTE: offsets are device data the host cannot check; every derived token index is clamped
+// so that [t0 - ratio (when !first), t0 + ratio) and the tail stay inside [0, total_tokens).
+template <int RATIO>
+__device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, int num_segments,
+                                                int total_tokens, int row, int rows_valid) {
+  RowWindow w;
+  if (row >= rows_valid) {  // padding row: block 0 of a segment starting at token 0
+    w.t0 = 0;
+    w.seg_end = 0;
+    w.first = true;
+    w.last = false;
+    return w;
+  }
+  const int s = find_segment(cuc, num_segments, row);
+  const int c0 = __ldg(cuc + s);
+  const int c1 = __ldg(cuc + s + 1);
+  long long block = static_cast<long long>(row) - c0;
+  if (block < 0) block = 0;
+  const long long t0 = static_cast<long long>(__ldg(cu + s)) + block * RATIO;
+  int lo = block > 0 ? RATIO : 0;
+  const int hi = total_tokens - RATIO;
+  if (lo > hi) {
+    lo = 0;
+    block = 0;
+  }
+  w.t0 = clamp_i32(t0, lo, hi);
+  w.first = block == 0;
+  w.last = row + 1 >= c1;
+  w.seg_end = clamp_i32(__ldg(cu + s + 1), 0, total_tokens);
+  return w;
+}
+
+}  // namespace csa_kernel

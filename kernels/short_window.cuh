@@ -1,0 +1,356 @@
+// Short-window family: one thread holds the whole window of one (row, VEC columns) in registers
+// and evaluates it in the serial op order of the fp32-intermediate reference, so out, grad_kv
+// and grad_score are bitwise equal to it (SPEC §2 item 2).
+#pragma once
+#include "csa_common.cuh"
+
+namespace csa_kernel {
+
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+    short_window_forward(const __grid_constant__ ForwardParams p) {
+  static_assert(COFF == 1 || COFF == 2, "coff");
+  static_assert(HEAD_DIM % VEC == 0, "VEC must divide head_dim");
+  constexpr int W = COFF * HEAD_DIM;
+  constexpr int NCV = HEAD_DIM / VEC;
+  constexpr int OWN = (COFF - 1) * HEAD_DIM;  // column offset of the own-block half
+  constexpr int NPREV = COFF == 2 ? RATIO : 1;
+
+  const long long gid = static_cast<long long>(blockIdx.x) * THREADS + threadIdx.x;
+  if (gid >= static_cast<long long>(p.total_comp) * NCV) return;
+  const int row = static_cast<int>(gid / NCV);
+  const int col = static_cast<int>(gid - static_cast<long long>(row) * NCV) * VEC;
+  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
+  const RowWindow w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
+                                        p.total_tokens, row, rows_valid);
+  const bool use_prev = COFF == 2 && !w.first;
+
+  float prev_s[NPREV][VEC];
+  float own_s[RATIO][VEC];
+  float mx[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) mx[v] = neg_inf();
+
+  if (use_prev) {
+#pragma unroll
+    for (int k = 0; k < NPREV; ++k) {
+      float sc[VEC], ap[VEC];
+      load_bf16<VEC>(p.score + (w.t0 - RATIO + k) * W + col, sc);
+      load_f32<VEC>(p.ape + k * W + col, ap);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        prev_s[k][v] = __fadd_rn(sc[v], ap[v]);
+        mx[v] = fmaxf(mx[v], prev_s[k][v]);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < RATIO; ++k) {
+    float sc[VEC], ap[VEC];
+    load_bf16<VEC>(p.score + (w.t0 + k) * W + OWN + col, sc);
+    load_f32<VEC>(p.ape + k * W + OWN + col, ap);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      own_s[k][v] = __fadd_rn(sc[v], ap[v]);
+      mx[v] = fmaxf(mx[v], own_s[k][v]);
+    }
+  }
+
+  // e_k and den = sum_k e_k, serial in slot order (previous half first).
+  float den[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) den[v] = 0.0f;
+  if (use_prev) {
+#pragma unroll
+    for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        prev_s[k][v] = expf(__fsub_rn(prev_s[k][v], mx[v]));
+        den[v] = __fadd_rn(den[v], prev_s[k][v]);
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < RATIO; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      own_s[k][v] = expf(__fsub_rn(own_s[k][v], mx[v]));
+      den[v] = __fadd_rn(den[v], own_s[k][v]);
+    }
+
+  float acc[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
+  if (use_prev) {
+#pragma unroll
+    for (int k = 0; k < NPREV; ++k) {
+      float kv[VEC];
+      load_bf16<VEC>(p.kv + (w.t0 - RATIO + k) * W + col, kv);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v)
+        acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], __fdiv_rn(prev_s[k][v], den[v])));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < RATIO; ++k) {
+    float kv[VEC];
+    load_bf16<VEC>(p.kv + (w.t0 + k) * W + OWN + col, kv);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v)
+      acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], __fdiv_rn(own_s[k][v], den[v])));
+  }
+  store_bf16<VEC>(p.out + row * HEAD_DIM + col, acc);
+}
+
+// Writes exact zeros to one never-consumed token's columns owned by this thread.
+template <int COFF, int HEAD_DIM, int VEC>
+__device__ __forceinline__ void zero_token(const BackwardParams& p, int token, int col,
+                                           bool both_halves) {
+  constexpr int W = COFF * HEAD_DIM;
+  constexpr int OWN = (COFF - 1) * HEAD_DIM;
+  const int base = token * W;
+  if (COFF == 2 && both_halves) {
+    store_zero<VEC>(p.grad_kv + base + col);
+    store_zero<VEC>(p.grad_score + base + col);
+  }
+  store_zero<VEC>(p.grad_kv + base + OWN + col);
+  store_zero<VEC>(p.grad_score + base + OWN + col);
+}
+
+// The per-slot gradient of one window, in the reference op order:
+// dp = g*kv, pd = round(dp*p), S = sum pd (serial), ds = fma(p, -S, pd).
+template <int N, int VEC>
+__device__ __forceinline__ void accumulate_dot(const float (&g)[VEC], const float (&kv)[N][VEC],
+                                               const float (&pr)[N][VEC], float (&S)[VEC]) {
+#pragma unroll
+  for (int k = 0; k < N; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) S[v] = __fadd_rn(S[v], __fmul_rn(__fmul_rn(g[v], kv[k][v]), pr[k][v]));
+}
+
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
+__global__ void __launch_bounds__(TX* TY)
+    short_window_backward(const __grid_constant__ BackwardParams p) {
+  constexpr int W = COFF * HEAD_DIM;
+  constexpr int NCV = HEAD_DIM / VEC;
+  constexpr int OWN = (COFF - 1) * HEAD_DIM;
+  constexpr int NPREV = COFF == 2 ? RATIO : 1;
+
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  const int cv = blockIdx.x * TX + tx;
+  const bool active = cv < NCV;
+  const int col = cv * VEC;
+  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
+
+  float dape_prev[NPREV][VEC];
+  float dape_own[RATIO][VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+#pragma unroll
+    for (int k = 0; k < NPREV; ++k) dape_prev[k][v] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < RATIO; ++k) dape_own[k][v] = 0.0f;
+  }
+
+  if (active) {
+    const long long row_begin = static_cast<long long>(blockIdx.y) * p.rows_per_cta;
+    const int row_end = static_cast<int>(
+        row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
+    for (int row = static_cast<int>(row_begin) + ty; row < row_end; row += TY) {
+      const RowWindow w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
+                                            p.total_tokens, row, rows_valid);
+      const bool use_prev = COFF == 2 && !w.first;
+      float g[VEC];
+      load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
+
+      float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
+      float own_e[RATIO][VEC], own_kv[RATIO][VEC];
+      float mx[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) mx[v] = neg_inf();
+      if (use_prev) {
+#pragma unroll
+        for (int k = 0; k < NPREV; ++k) {
+          float sc[VEC], ap[VEC];
+          const int off = (w.t0 - RATIO + k) * W + col;
+          load_bf16<VEC>(p.score + off, sc);
+          load_bf16<VEC>(p.kv + off, prev_kv[k]);
+          load_f32<VEC>(p.ape + k * W + col, ap);
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            prev_e[k][v] = __fadd_rn(sc[v], ap[v]);
+            mx[v] = fmaxf(mx[v], prev_e[k][v]);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < RATIO; ++k) {
+        float sc[VEC], ap[VEC];
+        const int off = (w.t0 + k) * W + OWN + col;
+        load_bf16<VEC>(p.score + off, sc);
+        load_bf16<VEC>(p.kv + off, own_kv[k]);
+        load_f32<VEC>(p.ape + k * W + OWN + col, ap);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          own_e[k][v] = __fadd_rn(sc[v], ap[v]);
+          mx[v] = fmaxf(mx[v], own_e[k][v]);
+        }
+      }
+      float den[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) den[v] = 0.0f;
+      if (use_prev) {
+#pragma unroll
+        for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            prev_e[k][v] = expf(__fsub_rn(prev_e[k][v], mx[v]));
+            den[v] = __fadd_rn(den[v], prev_e[k][v]);
+          }
+      }
+#pragma unroll
+      for (int k = 0; k < RATIO; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          own_e[k][v] = expf(__fsub_rn(own_e[k][v], mx[v]));
+          den[v] = __fadd_rn(den[v], own_e[k][v]);
+        }
+      // p_k replaces e_k in place.
+      if (use_prev) {
+#pragma unroll
+        for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) prev_e[k][v] = __fdiv_rn(prev_e[k][v], den[v]);
+      }
+#pragma unroll
+      for (int k = 0; k < RATIO; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) own_e[k][v] = __fdiv_rn(own_e[k][v], den[v]);
+
+      float S[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) S[v] = 0.0f;
+      if (use_prev) accumulate_dot<NPREV, VEC>(g, prev_kv, prev_e, S);
+      accumulate_dot<RATIO, VEC>(g, own_kv, own_e, S);
+
+      if (use_prev) {
+#pragma unroll
+        for (int k = 0; k < NPREV; ++k) {
+          float gkv[VEC], gs[VEC];
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            const float pd = __fmul_rn(__fmul_rn(g[v], prev_kv[k][v]), prev_e[k][v]);
+            gs[v] = __fmaf_rn(prev_e[k][v], -S[v], pd);
+            gkv[v] = __fmul_rn(g[v], prev_e[k][v]);
+            dape_prev[k][v] = __fadd_rn(dape_prev[k][v], gs[v]);
+          }
+          const int off = (w.t0 - RATIO + k) * W + col;
+          store_bf16<VEC>(p.grad_kv + off, gkv);
+          store_bf16<VEC>(p.grad_score + off, gs);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < RATIO; ++k) {
+        float gkv[VEC], gs[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float pd = __fmul_rn(__fmul_rn(g[v], own_kv[k][v]), own_e[k][v]);
+          gs[v] = __fmaf_rn(own_e[k][v], -S[v], pd);
+          gkv[v] = __fmul_rn(g[v], own_e[k][v]);
+          dape_own[k][v] = __fadd_rn(dape_own[k][v], gs[v]);
+        }
+        const int off = (w.t0 + k) * W + OWN + col;
+        store_bf16<VEC>(p.grad_kv + off, gkv);
+        store_bf16<VEC>(p.grad_score + off, gs);
+      }
+      if (w.last) {
+        // The segment's last block: its own tokens' first-half columns are never consumed
+        // (no next block), nor is the tail (< ratio tokens) after it.
+        if (COFF == 2) {
+#pragma unroll
+          for (int k = 0; k < RATIO; ++k) {
+            store_zero<VEC>(p.grad_kv + (w.t0 + k) * W + col);
+            store_zero<VEC>(p.grad_score + (w.t0 + k) * W + col);
+          }
+        }
+        const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
+        for (int t = w.t0 + RATIO; t < tail_end; ++t) zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
+      }
+    }
+
+    // Zero-writes not owned by any row: segments shorter than ratio and the token capacity
+    // past cu[B], spread over the row groups.
+    const int groups = gridDim.y;
+    for (int s = blockIdx.y; s < p.num_segments; s += groups) {
+      if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
+      const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
+      const int t_end = clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin,
+                                  min(p.total_tokens, t_begin + RATIO - 1));
+      for (int t = t_begin + ty; t < t_end; t += TY) zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
+    }
+    const int used =
+        p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
+    for (long long t = used + static_cast<long long>(blockIdx.y) * TY + ty; t < p.total_tokens;
+         t += static_cast<long long>(groups) * TY)
+      zero_token<COFF, HEAD_DIM, VEC>(p, static_cast<int>(t), col, true);
+  }
+
+  // grad_ape: fold the TY row lanes in fixed order, then one atomic (or one partial) per
+  // (slot, column) per CTA.
+  if constexpr (TY > 1) {
+    constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
+    __shared__ float fold[TY - 1][SLOTS * VEC][TX];
+    if (ty > 0) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        if constexpr (COFF == 2) {
+#pragma unroll
+          for (int k = 0; k < RATIO; ++k) fold[ty - 1][k * VEC + v][tx] = dape_prev[k][v];
+        }
+#pragma unroll
+        for (int k = 0; k < RATIO; ++k) fold[ty - 1][(SLOTS - RATIO + k) * VEC + v][tx] = dape_own[k][v];
+      }
+    }
+    __syncthreads();
+    if (ty == 0) {
+      for (int y = 0; y < TY - 1; ++y) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          if constexpr (COFF == 2) {
+#pragma unroll
+            for (int k = 0; k < RATIO; ++k)
+              dape_prev[k][v] = __fadd_rn(dape_prev[k][v], fold[y][k * VEC + v][tx]);
+          }
+#pragma unroll
+          for (int k = 0; k < RATIO; ++k)
+            dape_own[k][v] = __fadd_rn(dape_own[k][v], fold[y][(SLOTS - RATIO + k) * VEC + v][tx]);
+        }
+      }
+    }
+  }
+  if (ty != 0 || !active) return;
+  float* dst = FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    if constexpr (COFF == 2) {
+#pragma unroll
+      for (int k = 0; k < RATIO; ++k) {
+        if (FIXED_ORDER) {
+          dst[k * W + col + v] = dape_prev[k][v];
+        } else {
+          atomicAdd(dst + k * W + col + v, dape_prev[k][v]);
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < RATIO; ++k) {
+      if (FIXED_ORDER) {
+        dst[k * W + OWN + col + v] = dape_own[k][v];
+      } else {
+        atomicAdd(dst + k * W + OWN + col + v, dape_own[k][v]);
+      }
+    }
+  }
+}
+
+}  // namespace csa_kernel

@@ -1,0 +1,110 @@
+#include <cstring>
+#include <mutex>
+
+#include "api/runtime_impl.hpp"
+#include "common/env.hpp"
+#include "common/error.hpp"
+
+namespace csa {
+
+RuntimeOptions RuntimeOptions::from_environment() {
+  RuntimeOptions o;
+  o.cache_dir = env::get("CSA_CACHE_DIR").value_or("");
+  o.disk_cache = !env::flag("CSA_DISABLE_DISK_CACHE", false);
+  o.jit_enabled = !env::flag("CSA_DISABLE_JIT", false);
+  o.ptxas_verbose = env::flag("CSA_PTXAS_VERBOSE", true);
+  o.line_info = env::flag("CSA_LINEINFO", false);
+  o.log_level = env::get("CSA_LOG_LEVEL").value_or("");
+  return o;
+}
+
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Runtime::~Runtime() = default;
+
+Runtime& Runtime::default_runtime() {
+  // NOTE: the one process-wide instance, created on first use; trainers that want control
+  // over its options or lifetime build their own Runtime instead.
+  static Runtime runtime;
+  return runtime;
+}
+
+void Runtime::forward(const ForwardArgs& args, Stream stream, Family family) {
+  impl_->service.forward(args, reinterpret_cast<CUstream>(stream), family);
+}
+
+void Runtime::backward(const BackwardArgs& args, Stream stream, Family family) {
+  impl_->service.backward(args, reinterpret_cast<CUstream>(stream), family);
+}
+
+PrewarmReport Runtime::prewarm(const Config& config, int device, Family family) {
+  return impl_->service.prewarm(config, device, family);
+}
+
+PrewarmReport Runtime::compile_for_arch(const Config& config, std::string_view arch, Family family) {
+  return impl_->service.compile_for_arch(config, std::string(arch), family);
+}
+
+OffsetReport Runtime::check_offsets(const std::int32_t* cu_seqlens, const std::int32_t* cu_seqlens_comp,
+                                    std::int32_t num_segments, std::int64_t total_tokens,
+                                    std::int64_t total_comp, std::int32_t ratio, Stream stream) {
+  return impl_->service.check_offsets(cu_seqlens, cu_seqlens_comp, num_segments, total_tokens,
+                                      total_comp, ratio, reinterpret_cast<CUstream>(stream));
+}
+
+DriverInfo Runtime::driver_info() {
+  DriverInfo info;
+  driver::Driver* d = impl_->loader.try_get(&info.reason);
+  if (d == nullptr) return info;
+  info.available = true;
+  info.driver_version = d->version();
+  const auto& api = d->api();
+  int count = 0;
+  d->check(api.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev = 0;
+    d->check(api.cuDeviceGet(&dev, i), "cuDeviceGet");
+    DeviceInfo di;
+    di.ordinal = i;
+    char name[256] = {};
+    d->check(api.cuDeviceGetName(name, sizeof name - 1, dev), "cuDeviceGetName");
+    di.name = name;
+    int l2 = 0;
+    d->check(api.cuDeviceGetAttribute(&di.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
+    d->check(api.cuDeviceGetAttribute(&di.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
+    d->check(api.cuDeviceGetAttribute(&di.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute");
+    d->check(api.cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev), "cuDeviceGetAttribute");
+    di.l2_bytes = l2;
+    std::size_t mem = 0;
+    d->check(api.cuDeviceTotalMem(&mem, dev), "cuDeviceTotalMem");
+    di.memory_bytes = static_cast<std::int64_t>(mem);
+    info.devices.push_back(di);
+  }
+  return info;
+}
+
+CacheInfo Runtime::cache_info() const { return impl_->disk.info(); }
+std::int64_t Runtime::clear_disk_cache() { return impl_->disk.clear(); }
+const RuntimeOptions& Runtime::options() const { return impl_->options; }
+
+void forward(const ForwardArgs& args, Stream stream) { Runtime::default_runtime().forward(args, stream); }
+void backward(const BackwardArgs& args, Stream stream) { Runtime::default_runtime().backward(args, stream); }
+
+const char* version() noexcept { return CSA_VERSION_STRING; }
+
+std::string nvrtc_version() {
+  const auto [major, minor] = nvrtc::Compiler::version();
+  return fmt::format("{}.{}", major, minor);
+}
+
+std::vector<std::string> supported_archs() {
+  std::vector<std::string> out;
+  for (int a : nvrtc::Compiler::supported_archs()) out.push_back(fmt::format("sm_{}", a));
+  return out;
+}
+
+std::vector<Config> default_configs() {
+  // DeepSeek-V4 production shapes: CSA main (4,2,512) and indexer (4,2,128); ratio 2 trainings.
+  return {{4, 512, 2}, {4, 128, 2}, {2, 512, 2}, {2, 128, 2}};
+}
+
+}  // namespace csa

@@ -1,0 +1,37 @@
+// Compile-or-load of cubins: the in-process table first, then the disk cache, then NVRTC
+// (one compile per key even when many threads miss it together).
+#pragma once
+
+#include <memory>
+
+#include "cache/disk_cache.hpp"
+#include "cache/once_map.hpp"
+#include "nvrtc/compiler.hpp"
+
+namespace csa::cache {
+
+struct StoredCubin {
+  CubinEntry entry;
+  bool compiled = false;  // by this process (false: read from disk)
+  double seconds = 0.0;   // compile or read time
+};
+
+class KernelStore {
+ public:
+  KernelStore(DiskCache& disk, const nvrtc::Compiler& compiler, bool jit_enabled, Logger& logger)
+      : disk_(disk), compiler_(compiler), jit_enabled_(jit_enabled), logger_(logger) {}
+
+  // Throws Error(kJitDisabled) on a miss when JIT is disabled, Error(kCompileError) on failure.
+  std::shared_ptr<const StoredCubin> get(const CacheKey& key, const nvrtc::CompileRequest& request);
+
+  DiskCache& disk() { return disk_; }
+
+ private:
+  DiskCache& disk_;
+  const nvrtc::Compiler& compiler_;
+  bool jit_enabled_;
+  Logger& logger_;
+  OnceMap<std::shared_ptr<const StoredCubin>> entries_;
+};
+
+}  // namespace csa::cache

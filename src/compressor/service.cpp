@@ -1,0 +1,334 @@
+#include "compressor/service.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/env.hpp"
+#include "csa_params.h"
+#include "common/error.hpp"
+#include "compressor/validation.hpp"
+#include "launch/launch.hpp"
+
+namespace csa::compressor {
+
+namespace {
+
+constexpr unsigned kReferenceThreads = 256;
+
+unsigned blocks_for(std::int64_t threads, unsigned per_block) {
+  return static_cast<unsigned>((threads + per_block - 1) / per_block);
+}
+
+PrewarmReport report_of(const Config& config, const std::string& arch, const cache::CacheKey& key,
+                        const cache::StoredCubin& cubin, double seconds) {
+  PrewarmReport r;
+  r.config = config;
+  r.arch = arch;
+  r.key = key.hash;
+  r.compiled = cubin.compiled;
+  r.seconds = seconds;
+  r.kernels = static_cast<int>(cubin.entry.lowered_names.size());
+  r.ptxas_log = cubin.entry.log;
+  const auto resources = nvrtc::parse_ptxas_report(cubin.entry.log);
+  if (!resources.empty()) {
+    r.max_registers = 0;
+    r.spill_bytes = 0;
+    r.stack_bytes = 0;
+    for (const auto& k : resources) {
+      r.max_registers = std::max(r.max_registers, k.registers);
+      r.spill_bytes += k.spill_store_bytes + k.spill_load_bytes;
+      r.stack_bytes = std::max(r.stack_bytes, k.stack_bytes);
+    }
+  }
+  return r;
+}
+
+// Stream-ordered scratch memory: freed on the stream after the kernels that use it.
+class StreamScratch {
+ public:
+  StreamScratch(const driver::Driver& driver, std::size_t bytes, CUstream stream)
+      : driver_(driver), stream_(stream) {
+    driver_.check(driver_.api().cuMemAllocAsync(&ptr_, bytes, stream_), "cuMemAllocAsync (grad_ape workspace)");
+  }
+  ~StreamScratch() { driver_.api().cuMemFreeAsync(ptr_, stream_); }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  CUdeviceptr get() const { return ptr_; }
+
+ private:
+  const driver::Driver& driver_;
+  CUstream stream_;
+  CUdeviceptr ptr_ = 0;
+};
+
+template <typename T>
+T* device_ptr(CUdeviceptr p) {
+  return reinterpret_cast<T*>(static_cast<std::uintptr_t>(p));
+}
+
+}  // namespace
+
+Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelStore& store,
+                 driver::Loader& loader)
+    : options_(options),
+      logger_(logger),
+      store_(store),
+      loader_(loader),
+      compile_options_{options.ptxas_verbose, options.line_info},
+      schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")) {}
+
+cache::ModuleCache& Service::modules() {
+  driver::Driver& d = loader_.get();
+  std::call_once(modules_once_, [&] { modules_ = std::make_unique<cache::ModuleCache>(d); });
+  return *modules_;
+}
+
+schedule::ShortWindowSchedule Service::schedule_for(const Config& config) const {
+  return schedule::select_short_window(config, schedule_override_);
+}
+
+DeviceTraits Service::device_traits(int ordinal) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = devices_.find(ordinal);
+    if (it != devices_.end()) return it->second;
+  }
+  driver::Driver& d = loader_.get();
+  const auto& api = d.api();
+  int count = 0;
+  d.check(api.cuDeviceGetCount(&count), "cuDeviceGetCount");
+  if (ordinal < 0 || ordinal >= count) {
+    fail(Status::kInvalidArgument, "device {} does not exist ({} CUDA devices)", ordinal, count);
+  }
+  CUdevice dev = 0;
+  d.check(api.cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+  int major = 0;
+  int minor = 0;
+  DeviceTraits t;
+  t.ordinal = ordinal;
+  d.check(api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute(major)");
+  d.check(api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute(minor)");
+  d.check(api.cuDeviceGetAttribute(&t.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+          "cuDeviceGetAttribute(multiprocessor count)");
+  if (major < 8) {
+    fail(Status::kUnsupported, "device {} has compute capability {}.{}; csa needs 8.0 or newer", ordinal, major, minor);
+  }
+  t.arch = fmt::format("sm_{}{}", major, minor);
+  nvrtc::check_arch(t.arch);
+  std::lock_guard<std::mutex> lock(mutex_);
+  devices_.emplace(ordinal, t);
+  return t;
+}
+
+int Service::current_device() {
+  driver::Driver& d = loader_.get();
+  CUcontext ctx = nullptr;
+  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (ctx == nullptr) {
+    fail(Status::kInvalidArgument,
+         "the calling thread has no current CUDA context; select a device first (cudaSetDevice, "
+         "cuCtxSetCurrent or csa::device::make_current)");
+  }
+  CUdevice dev = 0;
+  d.check(d.api().cuCtxGetDevice(&dev), "cuCtxGetDevice");
+  return static_cast<int>(dev);
+}
+
+std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family family, int device,
+                                                 bool* compiled) {
+  const Family resolved = resolve_family(config, family);
+  auto prepared = std::make_shared<Prepared>();
+  prepared->config = config;
+  prepared->family = resolved;
+  prepared->schedule = schedule_for(config);
+  prepared->device = device_traits(device);
+  const ModuleSpec spec = make_module_spec(config, resolved, prepared->schedule, prepared->device.arch, compile_options_);
+  auto cubin = store_.get(spec.key, spec.request);
+  if (compiled != nullptr) *compiled = cubin->compiled;
+  prepared->module = modules().get(spec.key, cubin);
+  return prepared;
+}
+
+const Prepared& Service::prepared_for_call(const Config& config, Family family, CUstream stream) {
+  const int device = current_device();
+  const RecordKey key{config.ratio, config.coff, config.head_dim, static_cast<int>(family), device};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = records_.find(key);
+    if (it != records_.end()) return *it->second;
+  }
+  launch::ensure_not_capturing(loader_.get(), stream, "compiling or loading kernels",
+                               config_label(config), prewarm_spec(config));
+  auto prepared = prepare(config, family, device, nullptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return *records_.emplace(key, std::move(prepared)).first->second;
+}
+
+PrewarmReport Service::prewarm(const Config& config, int device, Family family) {
+  const auto start = std::chrono::steady_clock::now();
+  const RecordKey key{config.ratio, config.coff, config.head_dim, static_cast<int>(family), device};
+  bool compiled = false;
+  auto prepared = prepare(config, family, device, &compiled);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    records_.emplace(key, prepared);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const ModuleSpec spec = make_module_spec(config, prepared->family, prepared->schedule, prepared->device.arch, compile_options_);
+  return report_of(config, prepared->device.arch, spec.key, *prepared->module->cubin, seconds);
+}
+
+PrewarmReport Service::compile_for_arch(const Config& config, const std::string& arch, Family family) {
+  const auto start = std::chrono::steady_clock::now();
+  nvrtc::check_arch(arch);
+  const Family resolved = resolve_family(config, family);
+  const ModuleSpec spec = make_module_spec(config, resolved, schedule_for(config), arch, compile_options_);
+  auto cubin = store_.get(spec.key, spec.request);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report_of(config, arch, spec.key, *cubin, seconds);
+}
+
+void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
+  validate_forward(a);
+  resolve_family(a.config, family);
+  if (a.total_comp == 0) return;  // nothing to write
+  const Prepared& p = prepared_for_call(a.config, family, stream);
+  csa_kernel::ForwardParams params{};
+  params.kv = static_cast<const csa_u16*>(a.kv);
+  params.score = static_cast<const csa_u16*>(a.score);
+  params.ape = a.ape;
+  params.cu_seqlens = a.cu_seqlens;
+  params.cu_seqlens_comp = a.cu_seqlens_comp;
+  params.out = static_cast<csa_u16*>(a.out);
+  params.total_tokens = static_cast<csa_i32>(a.total_tokens);
+  params.num_segments = a.num_segments;
+  params.total_comp = static_cast<csa_i32>(a.total_comp);
+  launch::LaunchShape shape;
+  if (p.family == Family::kReference) {
+    shape.grid_x = blocks_for(a.total_comp * a.config.head_dim, kReferenceThreads);
+    shape.block_x = kReferenceThreads;
+    launch::launch(driver(), p.kernel(kRefForward), shape, params, stream, "reference forward launch");
+    return;
+  }
+  const int ncv = a.config.head_dim / p.schedule.forward_vec;
+  shape.block_x = static_cast<unsigned>(p.schedule.forward_threads);
+  shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
+  launch::launch(driver(), p.kernel(kSwForward), shape, params, stream, "forward launch");
+}
+
+void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
+  validate_backward(a);
+  resolve_family(a.config, family);
+  const Prepared& p = prepared_for_call(a.config, family, stream);
+  driver::Driver& d = driver();
+  const Config& c = a.config;
+  const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
+  const std::int64_t ape_elems = c.ratio * width;
+  const bool accumulate = (a.flags & kAccumulateGradApe) != 0;
+
+  csa_kernel::BackwardParams params{};
+  params.kv = static_cast<const csa_u16*>(a.kv);
+  params.score = static_cast<const csa_u16*>(a.score);
+  params.ape = a.ape;
+  params.cu_seqlens = a.cu_seqlens;
+  params.cu_seqlens_comp = a.cu_seqlens_comp;
+  params.grad_out = static_cast<const csa_u16*>(a.grad_out);
+  params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
+  params.grad_score = static_cast<csa_u16*>(a.grad_score);
+  params.grad_ape = a.grad_ape;
+  params.total_tokens = static_cast<csa_i32>(a.total_tokens);
+  params.num_segments = a.num_segments;
+  params.total_comp = static_cast<csa_i32>(a.total_comp);
+  params.accumulate = accumulate ? 1 : 0;
+
+  if (p.family == Family::kReference) {
+    launch::LaunchShape shape;
+    shape.block_x = kReferenceThreads;
+    if (a.total_tokens > 0) {
+      shape.grid_x = blocks_for(a.total_tokens * width, kReferenceThreads);
+      launch::launch(d, p.kernel(kRefBackwardZeros), shape, params, stream, "reference backward zeros launch");
+    }
+    if (a.total_comp > 0) {
+      shape.grid_x = blocks_for(a.total_comp * c.head_dim, kReferenceThreads);
+      launch::launch(d, p.kernel(kRefBackwardRows), shape, params, stream, "reference backward launch");
+    }
+    shape.grid_x = blocks_for(ape_elems, kReferenceThreads);
+    launch::launch(d, p.kernel(kRefGradApe), shape, params, stream, "reference grad_ape launch");
+    return;
+  }
+
+  const auto& s = p.schedule;
+  const auto grid = schedule::backward_grid(s, c, a.total_comp, p.device.sm_count);
+  params.rows_per_cta = grid.rows_per_cta;
+  launch::LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(grid.grid_x);
+  shape.grid_y = static_cast<unsigned>(grid.grid_y);
+  shape.block_x = static_cast<unsigned>(s.backward_tx);
+  shape.block_y = static_cast<unsigned>(s.backward_ty);
+  const bool fixed_order = (a.flags & kDeterministic) != 0 || s.fixed_order_default;
+  if (!fixed_order) {
+    if (!accumulate) {
+      d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_ape), 0,
+                                       static_cast<std::size_t>(ape_elems), stream),
+              "cuMemsetD32Async (grad_ape)");
+    }
+    launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
+    return;
+  }
+  StreamScratch workspace(d, static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float), stream);
+  params.workspace = device_ptr<float>(workspace.get());
+  launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
+  csa_kernel::ApeReduceParams reduce{};
+  reduce.workspace = params.workspace;
+  reduce.grad_ape = a.grad_ape;
+  reduce.elements = static_cast<csa_i32>(ape_elems);
+  reduce.groups = grid.grid_y;
+  reduce.accumulate = accumulate ? 1 : 0;
+  launch::LaunchShape rshape;
+  rshape.grid_x = blocks_for(ape_elems, 32);
+  rshape.block_x = 32;
+  rshape.block_y = static_cast<unsigned>(s.reduce_lanes);
+  launch::launch(d, p.kernel(kSwApeReduce), rshape, reduce, stream, "grad_ape reduction launch");
+}
+
+OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,
+                                    std::int32_t num_segments, std::int64_t total_tokens,
+                                    std::int64_t total_comp, std::int32_t ratio, CUstream stream) {
+  if (cu == nullptr || cuc == nullptr) fail(Status::kInvalidArgument, "check_offsets: cu_seqlens and cu_seqlens_comp must not be null");
+  if (num_segments < 0 || ratio < 1 || total_tokens < 0 || total_comp < 0 ||
+      total_tokens >= (std::int64_t{1} << 31) || total_comp >= (std::int64_t{1} << 31)) {
+    fail(Status::kInvalidArgument, "check_offsets: num_segments {}, ratio {}, total_tokens {}, total_comp {} out of range",
+         num_segments, ratio, total_tokens, total_comp);
+  }
+  driver::Driver& d = driver();
+  launch::ensure_not_capturing(d, stream, "reading offsets back from the device", "check_offsets", "4,2,128");
+  const DeviceTraits t = device_traits(current_device());
+  const ModuleSpec spec = make_utility_spec(t.arch, compile_options_);
+  auto module = modules().get(spec.key, store_.get(spec.key, spec.request));
+  StreamScratch report(d, 2 * sizeof(std::int32_t), stream);
+  csa_kernel::OffsetCheckParams params{};
+  params.cu_seqlens = cu;
+  params.cu_seqlens_comp = cuc;
+  params.report = device_ptr<std::int32_t>(report.get());
+  params.num_segments = num_segments;
+  params.total_tokens = static_cast<csa_i32>(total_tokens);
+  params.total_comp = static_cast<csa_i32>(total_comp);
+  params.ratio = ratio;
+  launch::LaunchShape shape;
+  shape.block_x = 32;
+  launch::launch(d, module->kernels.at(0), shape, params, stream, "offset check launch");
+  std::int32_t host[2] = {-1, 0};
+  d.check(d.api().cuStreamSynchronize(stream), "cuStreamSynchronize (offset check)");
+  d.check(d.api().cuMemcpyDtoH(host, report.get(), sizeof host), "cuMemcpyDtoH (offset check)");
+  OffsetReport r;
+  r.ok = host[0] < 0;
+  r.index = host[0];
+  static const char* const kRules[] = {
+      "", "cu_seqlens[0] and cu_seqlens_comp[0] must be 0", "cu_seqlens decreases",
+      "cu_seqlens exceeds total_tokens", "cu_seqlens_comp step differs from floor(seqlen / ratio)",
+      "cu_seqlens_comp exceeds total_comp"};
+  if (!r.ok) r.message = fmt::format("entry {}: {}", host[0], kRules[std::clamp(host[1], 0, 5)]);
+  return r;
+}
+
+}  // namespace csa::compressor

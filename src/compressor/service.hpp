@@ -1,0 +1,80 @@
+// The compressor service: prepares (schedule, key, compile or load, launch record) once per
+// (configuration, family, device) and launches calls against the prepared record.
+#pragma once
+
+#include <array>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "cache/kernel_store.hpp"
+#include "cache/module_cache.hpp"
+#include "common/logger.hpp"
+#include "compressor/kernel_spec.hpp"
+#include "driver/loader.hpp"
+#include "schedule/short_window.hpp"
+
+namespace csa::compressor {
+
+struct DeviceTraits {
+  int ordinal = 0;
+  std::string arch;  // "sm_90"
+  int sm_count = 0;
+};
+
+// Everything a call needs, resolved once.
+struct Prepared {
+  Config config;
+  Family family = Family::kShortWindow;
+  schedule::ShortWindowSchedule schedule;
+  DeviceTraits device;
+  std::shared_ptr<const cache::LoadedModule> module;
+  CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
+};
+
+class Service {
+ public:
+  Service(const RuntimeOptions& options, Logger& logger, cache::KernelStore& store,
+          driver::Loader& loader);
+
+  void forward(const ForwardArgs& args, CUstream stream, Family family);
+  void backward(const BackwardArgs& args, CUstream stream, Family family);
+  PrewarmReport prewarm(const Config& config, int device, Family family);
+  PrewarmReport compile_for_arch(const Config& config, const std::string& arch, Family family);
+  OffsetReport check_offsets(const std::int32_t* cu, const std::int32_t* cuc, std::int32_t num_segments,
+                             std::int64_t total_tokens, std::int64_t total_comp, std::int32_t ratio,
+                             CUstream stream);
+
+  DeviceTraits device_traits(int ordinal);
+  // The current context's device; throws when the thread has no current context.
+  int current_device();
+  driver::Driver& driver() { return loader_.get(); }
+
+ private:
+  using RecordKey = std::tuple<int, int, int, int, int>;  // ratio, coff, head_dim, family, device
+
+  const Prepared& prepared_for_call(const Config& config, Family family, CUstream stream);
+  std::shared_ptr<const Prepared> prepare(const Config& config, Family family, int device,
+                                          bool* compiled);
+  cache::ModuleCache& modules();
+  schedule::ShortWindowSchedule schedule_for(const Config& config) const;
+
+  const RuntimeOptions& options_;
+  Logger& logger_;
+  cache::KernelStore& store_;
+  driver::Loader& loader_;
+  CompileOptions compile_options_;
+  std::optional<std::string> schedule_override_;
+
+  std::once_flag modules_once_;
+  std::unique_ptr<cache::ModuleCache> modules_;
+
+  std::mutex mutex_;  // guards records_ and devices_ (never held while compiling)
+  std::map<RecordKey, std::shared_ptr<const Prepared>> records_;
+  std::map<int, DeviceTraits> devices_;
+};
+
+}  // namespace csa::compressor

@@ -1,0 +1,18 @@
+// Host-side checks of every call (SPEC §3 and §6), before anything is launched. Each failure
+// throws Error(kInvalidArgument or kUnsupported) naming the argument.
+#pragma once
+
+#include "csa/csa.hpp"
+
+namespace csa::compressor {
+
+inline constexpr int kMaxRatio = 256;
+inline constexpr int kMaxHeadDim = 4096;
+
+void validate_config(const Config& config);
+// Also checks that `family` (kAuto resolved) serves the configuration; returns the family.
+Family resolve_family(const Config& config, Family family);
+void validate_forward(const ForwardArgs& args);
+void validate_backward(const BackwardArgs& args);
+
+}  // namespace csa::compressor

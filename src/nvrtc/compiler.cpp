@@ -1,0 +1,158 @@
+#include "nvrtc/compiler.hpp"
+
+#include <nvrtc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <regex>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace csa::nvrtc {
+
+namespace {
+
+void check(nvrtcResult result, const char* what) {
+  if (result != NVRTC_SUCCESS) fail(Status::kCompileError, "{} failed: {}", what, nvrtcGetErrorString(result));
+}
+
+// Owns an nvrtcProgram for exception safety.
+class Program {
+ public:
+  Program(const CompileRequest& request, const std::vector<Header>& headers) {
+    std::vector<const char*> names;
+    std::vector<const char*> contents;
+    // The embedded headers are string_views without terminators; NVRTC wants C strings.
+    std::vector<std::string> name_storage;
+    name_storage.reserve(headers.size());
+    contents_.reserve(headers.size());
+    for (const Header& h : headers) {
+      name_storage.emplace_back(h.name);
+      contents_.emplace_back(h.content);
+    }
+    names_ = std::move(name_storage);
+    for (std::size_t i = 0; i < headers.size(); ++i) {
+      names.push_back(names_[i].c_str());
+      contents.push_back(contents_[i].c_str());
+    }
+    check(nvrtcCreateProgram(&program_, request.source.c_str(), request.source_name.c_str(),
+                             static_cast<int>(headers.size()), contents.data(), names.data()),
+          "nvrtcCreateProgram");
+  }
+  ~Program() { nvrtcDestroyProgram(&program_); }
+  Program(const Program&) = delete;
+  Program& operator=(const Program&) = delete;
+  nvrtcProgram get() const { return program_; }
+
+ private:
+  nvrtcProgram program_ = nullptr;
+  std::vector<std::string> names_;
+  std::vector<std::string> contents_;
+};
+
+std::string program_log(nvrtcProgram program) {
+  std::size_t size = 0;
+  if (nvrtcGetProgramLogSize(program, &size) != NVRTC_SUCCESS || size <= 1) return {};
+  std::string log(size, '\0');
+  if (nvrtcGetProgramLog(program, log.data()) != NVRTC_SUCCESS) return {};
+  log.resize(size - 1);
+  return log;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& s : items) out += (out.empty() ? "" : " ") + s;
+  return out;
+}
+
+}  // namespace
+
+std::pair<int, int> Compiler::version() {
+  int major = 0;
+  int minor = 0;
+  check(nvrtcVersion(&major, &minor), "nvrtcVersion");
+  return {major, minor};
+}
+
+std::vector<int> Compiler::supported_archs() {
+  int count = 0;
+  check(nvrtcGetNumSupportedArchs(&count), "nvrtcGetNumSupportedArchs");
+  std::vector<int> archs(static_cast<std::size_t>(count));
+  check(nvrtcGetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs");
+  return archs;
+}
+
+void check_arch(const std::string& arch) {
+  static const std::regex pattern("sm_([0-9]+)([af]?)");
+  std::smatch m;
+  if (!std::regex_match(arch, m, pattern)) {
+    fail(Status::kInvalidArgument, "arch '{}' is not of the form sm_XY (e.g. sm_90)", arch);
+  }
+  const int cc = std::stoi(m[1].str());
+  const auto archs = Compiler::supported_archs();
+  if (std::find(archs.begin(), archs.end(), cc) == archs.end()) {
+    std::string list;
+    for (int a : archs) list += fmt::format("{}sm_{}", list.empty() ? "" : ", ", a);
+    fail(Status::kUnsupported, "arch '{}' is not supported by this NVRTC (supported: {})", arch, list);
+  }
+  if (cc < 80) fail(Status::kUnsupported, "arch '{}': csa needs compute capability 8.0 or newer", arch);
+}
+
+CompileResult Compiler::compile(const CompileRequest& request) const {
+  const auto start = std::chrono::steady_clock::now();
+  Program program(request, headers_);
+  for (const auto& expr : request.name_expressions) {
+    check(nvrtcAddNameExpression(program.get(), expr.c_str()), "nvrtcAddNameExpression");
+  }
+  std::vector<std::string> options = request.options;
+  options.push_back("--gpu-architecture=" + request.arch);
+  std::vector<const char*> argv;
+  argv.reserve(options.size());
+  for (const auto& o : options) argv.push_back(o.c_str());
+  const nvrtcResult rc =
+      nvrtcCompileProgram(program.get(), static_cast<int>(argv.size()), argv.data());
+  CompileResult result;
+  result.log = program_log(program.get());
+  if (rc != NVRTC_SUCCESS) {
+    fail(Status::kCompileError, "NVRTC could not compile {} for {} ({}).\noptions: {}\nlog:\n{}",
+         request.source_name, request.arch, nvrtcGetErrorString(rc), join(options), result.log);
+  }
+  for (const auto& expr : request.name_expressions) {
+    const char* lowered = nullptr;
+    check(nvrtcGetLoweredName(program.get(), expr.c_str(), &lowered), "nvrtcGetLoweredName");
+    result.lowered_names.emplace_back(lowered);
+  }
+  std::size_t size = 0;
+  check(nvrtcGetCUBINSize(program.get(), &size), "nvrtcGetCUBINSize");
+  if (size == 0) fail(Status::kCompileError, "NVRTC produced no cubin for {} ({})", request.source_name, request.arch);
+  result.cubin.resize(size);
+  check(nvrtcGetCUBIN(program.get(), result.cubin.data()), "nvrtcGetCUBIN");
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::vector<KernelResources> parse_ptxas_report(const std::string& log) {
+  static const std::regex entry("Compiling entry function '([^']+)'");
+  static const std::regex frame(
+      "([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads");
+  static const std::regex regs("Used ([0-9]+) registers");
+  std::vector<KernelResources> out;
+  std::istringstream lines(log);
+  std::string line;
+  std::smatch m;
+  while (std::getline(lines, line)) {
+    if (std::regex_search(line, m, entry)) {
+      out.push_back(KernelResources{m[1].str()});
+    } else if (!out.empty() && std::regex_search(line, m, frame)) {
+      out.back().stack_bytes = std::stoi(m[1].str());
+      out.back().spill_store_bytes = std::stoi(m[2].str());
+      out.back().spill_load_bytes = std::stoi(m[3].str());
+    } else if (!out.empty() && std::regex_search(line, m, regs)) {
+      out.back().registers = std::stoi(m[1].str());
+    }
+  }
+  return out;
+}
+
+}  // namespace csa::nvrtc

@@ -1,0 +1,91 @@
+#include "schedule/short_window.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace csa::schedule {
+
+std::string ShortWindowSchedule::describe() const {
+  return fmt::format("fv={},ft={},bv={},tx={},ty={},lanes={},fixed={}", forward_vec,
+                     forward_threads, backward_vec, backward_tx, backward_ty, reduce_lanes,
+                     fixed_order_default ? 1 : 0);
+}
+
+bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
+  return describe() == o.describe();
+}
+
+namespace {
+
+int backward_block_x(int ncv) { return std::min(ncv, 128); }
+int backward_block_y(int tx) { return std::max(1, 256 / tx); }
+
+void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& spec) {
+  std::istringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) fail(Status::kInvalidArgument, "schedule override '{}': expected key=value", item);
+    const std::string key = item.substr(0, eq);
+    int value = 0;
+    try {
+      value = std::stoi(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      fail(Status::kInvalidArgument, "schedule override '{}': value is not an integer", item);
+    }
+    if (key == "fv") s.forward_vec = value;
+    else if (key == "ft") s.forward_threads = value;
+    else if (key == "bv") s.backward_vec = value;
+    else if (key == "tx") s.backward_tx = value;
+    else if (key == "ty") s.backward_ty = value;
+    else if (key == "fixed") s.fixed_order_default = value != 0;
+    else fail(Status::kInvalidArgument, "schedule override: unknown field '{}'", key);
+  }
+  auto vec_ok = [&](int v) { return (v == 1 || v == 2 || v == 4 || v == 8) && c.head_dim % v == 0; };
+  if (!vec_ok(s.forward_vec) || !vec_ok(s.backward_vec)) {
+    fail(Status::kInvalidArgument, "schedule override: vector width must be 1, 2, 4 or 8 and divide head_dim {}", c.head_dim);
+  }
+  if (s.forward_threads < 32 || s.forward_threads > 1024 || s.backward_tx < 1 ||
+      s.backward_ty < 1 || s.backward_tx * s.backward_ty > 1024) {
+    fail(Status::kInvalidArgument, "schedule override: block shape out of range ({})", s.describe());
+  }
+}
+
+}  // namespace
+
+ShortWindowSchedule select_short_window(const Config& c, const std::optional<std::string>& override_spec) {
+  ShortWindowSchedule s;
+  const bool even = c.head_dim % 2 == 0;
+  const int window = c.coff * c.ratio;
+  s.forward_vec = even ? 2 : 1;
+  s.forward_threads = 256;
+  // Backward keeps e, kv and grad_ape partials per slot: narrow vectors for wide windows.
+  s.backward_vec = (even && window <= 16) ? 2 : 1;
+  if (override_spec) apply_override(s, c, *override_spec);
+  if (!override_spec || override_spec->find("tx=") == std::string::npos) {
+    s.backward_tx = backward_block_x(c.head_dim / s.backward_vec);
+  }
+  if (!override_spec || override_spec->find("ty=") == std::string::npos) {
+    s.backward_ty = backward_block_y(s.backward_tx);
+  }
+  return s;
+}
+
+BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp,
+                           int sm_count) {
+  BackwardGrid g;
+  const int ncv = c.head_dim / s.backward_vec;
+  g.grid_x = (ncv + s.backward_tx - 1) / s.backward_tx;
+  // About four 256-thread CTAs per SM: enough loads in flight, few grad_ape partials.
+  const std::int64_t target_y = std::max<std::int64_t>(1, (static_cast<std::int64_t>(sm_count) * 4) / g.grid_x);
+  std::int64_t rows = (total_comp + target_y - 1) / target_y;
+  rows = std::max<std::int64_t>(rows, (total_comp + 65534) / 65535);  // gridDim.y limit
+  rows = ((std::max<std::int64_t>(rows, 1) + s.backward_ty - 1) / s.backward_ty) * s.backward_ty;
+  g.rows_per_cta = static_cast<int>(rows);
+  g.grid_y = static_cast<int>(std::max<std::int64_t>(1, (total_comp + rows - 1) / rows));
+  return g;
+}
+
+}  // namespace csa::schedule

@@ -1,0 +1,43 @@
+// Launch schedules of the short-window family: the compile-time shape (vector widths, block
+// shape) chosen per configuration, and the run-time grid chosen per call from the row count.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "csa/csa.hpp"
+
+namespace csa::schedule {
+
+// The whole window lives in registers: 0 spills up to this ratio on sm_80..sm_100 (CI checks).
+inline constexpr int kShortWindowMaxRatio = 16;
+
+struct ShortWindowSchedule {
+  int forward_vec = 2;        // bf16 columns per thread (1 for odd head_dim)
+  int forward_threads = 256;  // threads per CTA, one (row, vector) each
+  int backward_vec = 2;
+  int backward_tx = 64;  // threads along column vectors
+  int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
+  int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column
+  bool fixed_order_default = false;  // grad_ape without atomics even when not asked to
+
+  std::string describe() const;
+  bool operator==(const ShortWindowSchedule& o) const;
+};
+
+// `override_spec`: "fv=4,ft=256,bv=2,tx=64,ty=4,fixed=1" fields replace the rule's choice
+// (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument) on a bad field.
+ShortWindowSchedule select_short_window(const Config& config,
+                                        const std::optional<std::string>& override_spec = {});
+
+struct BackwardGrid {
+  int grid_x = 1;
+  int grid_y = 1;  // row groups
+  int rows_per_cta = 1;
+};
+
+BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& config,
+                           std::int64_t total_comp, int sm_count);
+
+}  // namespace csa::schedule

@@ -1,0 +1,36 @@
+// Benchmark inputs: packs of segments, seeded random tensors (kv, grad_out ~ N(0,1),
+// score ~ N(0, 1.5^2), ape ~ N(0, 0.25^2)), and their byte counts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "csa/csa.hpp"
+
+namespace csa::tools {
+
+struct Pack {
+  std::vector<std::int32_t> seqlens;
+  std::string label;  // "3x8192"
+};
+
+// "3x8192" or "1023+2048+509".
+Pack parse_pack(const std::string& text);
+
+struct HostInputs {
+  Config config;
+  std::vector<std::int32_t> cu, cuc;
+  std::int64_t total_tokens = 0;
+  std::int64_t total_comp = 0;
+  std::vector<std::uint16_t> kv, score, grad_out;
+  std::vector<float> ape;
+};
+
+HostInputs make_inputs(const Config& config, const Pack& pack, std::uint64_t seed);
+
+// Bytes the operation must move: each input read once, each output written once.
+std::int64_t forward_bytes(const HostInputs& in);
+std::int64_t backward_bytes(const HostInputs& in);
+
+}  // namespace csa::tools

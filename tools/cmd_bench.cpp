@@ -1,0 +1,269 @@
+// `csa bench`: kernel time against the DRAM floor, per shape, on one device.
+//
+// Kernel time: device events around many back-to-back calls, median over repetitions, with the
+// input sets rotated until the working set is several times the L2 (the DRAM-bound figure),
+// and with one set reused (the L2-warm figure). Host time: wall clock per call through the C++
+// API. The floor is bytes / copy bandwidth measured in the same run.
+#include <fmt/format.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "bench_data.hpp"
+#include "commands.hpp"
+#include "csa/device.hpp"
+
+namespace csa::tools {
+
+namespace {
+
+struct BenchOptions {
+  std::vector<std::string> shapes;
+  int device = 0;
+  int reps = 15;
+  std::uint64_t seed = 1234;
+  std::string json_path;
+  bool jit = true;
+};
+
+struct DeviceSet {
+  device::Buffer kv, score, out, grad_out, grad_kv, grad_score, grad_ape;
+};
+
+struct Shape {
+  Config config;
+  Pack pack;
+};
+
+std::vector<Shape> default_shapes() {
+  std::vector<Shape> out;
+  for (int ratio : {4, 2})
+    for (int d : {128, 512})
+      for (const char* pack : {"1x4096", "1x8192", "3x8192"}) out.push_back({{ratio, d, 2}, parse_pack(pack)});
+  return out;
+}
+
+Shape parse_shape(const std::string& text) {
+  const auto last = text.rfind(',');
+  if (last == std::string::npos) throw CLI::ValidationError("--shape", "expected RATIO,COFF,HEAD_DIM,PACK");
+  return {parse_config(text.substr(0, last)), parse_pack(text.substr(last + 1))};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median per-call microseconds of `calls` back-to-back calls, timed with events.
+double time_device(Runtime& rt, Stream stream, int reps, int calls, const std::function<void(int)>& call) {
+  device::Event start(rt), stop(rt);
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    start.record(stream);
+    for (int i = 0; i < calls; ++i) call(i);
+    stop.record(stream);
+    stop.synchronize();
+    samples.push_back(1000.0 * stop.milliseconds_since(start) / calls);
+  }
+  return median(samples);
+}
+
+double time_host(Runtime& rt, Stream stream, int reps, int calls, const std::function<void(int)>& call) {
+  std::vector<double> samples;
+  for (int r = 0; r < reps; ++r) {
+    device::synchronize(rt, stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) call(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);
+  }
+  device::synchronize(rt, stream);
+  return median(samples);
+}
+
+double copy_bandwidth(Runtime& rt, Stream stream, int reps) {
+  const std::size_t bytes = std::size_t{1} << 30;
+  device::Buffer a(rt, bytes), b(rt, bytes);
+  a.fill(0x3c);
+  const double us = time_device(rt, stream, reps, 4, [&](int i) {
+    if (i % 2 == 0) device::copy_async(rt, b.get(), a.get(), bytes, stream);
+    else device::copy_async(rt, a.get(), b.get(), bytes, stream);
+  });
+  return 2.0 * static_cast<double>(bytes) / (us * 1e-6);  // bytes read + written per second
+}
+
+nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const BenchOptions& o,
+                           double bandwidth, std::int64_t l2_bytes) {
+  const HostInputs in = make_inputs(shape.config, shape.pack, o.seed);
+  const Config& c = shape.config;
+  const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
+  const std::size_t tok_bytes = static_cast<std::size_t>(in.total_tokens * width) * 2;
+  const std::size_t comp_bytes = static_cast<std::size_t>(in.total_comp * c.head_dim) * 2;
+  const std::size_t ape_bytes = static_cast<std::size_t>(c.ratio * width) * 4;
+  const std::int64_t fwd_bytes = forward_bytes(in);
+  const std::int64_t bwd_bytes = backward_bytes(in);
+  const int sets = static_cast<int>(std::clamp<std::int64_t>((3 * l2_bytes + fwd_bytes - 1) / fwd_bytes, 2, 256));
+
+  device::Buffer cu(rt, in.cu.size() * 4), cuc(rt, in.cuc.size() * 4), ape(rt, ape_bytes);
+  cu.upload(in.cu.data(), in.cu.size() * 4);
+  cuc.upload(in.cuc.data(), in.cuc.size() * 4);
+  ape.upload(in.ape.data(), ape_bytes);
+  std::vector<DeviceSet> data;
+  for (int s = 0; s < sets; ++s) {
+    DeviceSet d{device::Buffer(rt, tok_bytes), device::Buffer(rt, tok_bytes), device::Buffer(rt, comp_bytes),
+                device::Buffer(rt, comp_bytes), device::Buffer(rt, tok_bytes), device::Buffer(rt, tok_bytes),
+                device::Buffer(rt, ape_bytes)};
+    d.kv.upload(in.kv.data(), tok_bytes);
+    d.score.upload(in.score.data(), tok_bytes);
+    d.grad_out.upload(in.grad_out.data(), comp_bytes);
+    data.push_back(std::move(d));
+  }
+  auto fwd_args = [&](int s) {
+    ForwardArgs a;
+    a.kv = data[s].kv.get();
+    a.score = data[s].score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.out = data[s].out.get();
+    a.total_tokens = in.total_tokens;
+    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+    a.total_comp = in.total_comp;
+    a.config = c;
+    return a;
+  };
+  auto bwd_args = [&](int s, std::uint32_t flags) {
+    BackwardArgs a;
+    a.kv = data[s].kv.get();
+    a.score = data[s].score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.grad_out = data[s].grad_out.get();
+    a.grad_kv = data[s].grad_kv.get();
+    a.grad_score = data[s].grad_score.get();
+    a.grad_ape = data[s].grad_ape.as<float>();
+    a.total_tokens = in.total_tokens;
+    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+    a.total_comp = in.total_comp;
+    a.config = c;
+    a.flags = flags;
+    return a;
+  };
+  const int calls = std::max(sets, 32);
+  nlohmann::json rows = nlohmann::json::array();
+  auto measure = [&](const std::string& dir, std::int64_t bytes, double slope, double offset_us,
+                     const std::function<void(int)>& call) {
+    for (int s = 0; s < sets; ++s) call(s);  // warm: JIT, module load, first touch
+    device::synchronize(rt, stream);
+    const double cold = time_device(rt, stream, o.reps, calls, [&](int i) { call(i % sets); });
+    const double warm = time_device(rt, stream, o.reps, calls, [&](int) { call(0); });
+    const double host = time_host(rt, stream, 5, 200, [&](int i) { call(i % sets); });
+    const double floor_us = 1e6 * static_cast<double>(bytes) / bandwidth;
+    const double target = slope * floor_us + offset_us;
+    rows.push_back({{"shape", fmt::format("{},{}", format_config(c), shape.pack.label)},
+                    {"direction", dir},
+                    {"megabytes", bytes / 1e6},
+                    {"floor_us", floor_us},
+                    {"kernel_us", cold},
+                    {"ratio_to_floor", cold / floor_us},
+                    {"l2_warm_us", warm},
+                    {"host_us", host},
+                    {"target_us", target},
+                    {"meets_target", cold <= target},
+                    {"input_sets", sets}});
+  };
+  measure("fwd", fwd_bytes, 1.4, 2.0, [&](int s) { rt.forward(fwd_args(s), stream); });
+  measure("bwd", bwd_bytes, 1.5, 3.0, [&](int s) { rt.backward(bwd_args(s, 0), stream); });
+  measure("bwd-det", bwd_bytes, 1.5, 3.0, [&](int s) { rt.backward(bwd_args(s, kDeterministic), stream); });
+  return rows;
+}
+
+nlohmann::json bench_jit(const Config& config, int device) {
+  char dir_template[] = "/tmp/csa-bench-jit-XXXXXX";
+  const char* dir = ::mkdtemp(dir_template);
+  if (dir == nullptr) throw Error(Status::kCacheError, "mkdtemp failed for the JIT benchmark");
+  RuntimeOptions options = RuntimeOptions::from_environment();
+  options.cache_dir = dir;
+  options.disk_cache = true;
+  options.jit_enabled = true;
+  nlohmann::json out;
+  {
+    Runtime cold(options);
+    const auto t0 = std::chrono::steady_clock::now();
+    const PrewarmReport r = cold.prewarm(config, device);
+    out["jit_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out["compiled"] = r.compiled;
+  }
+  {
+    Runtime warm(options);
+    const auto t0 = std::chrono::steady_clock::now();
+    const PrewarmReport r = warm.prewarm(config, device);
+    out["cached_load_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    out["cached_compiled"] = r.compiled;
+  }
+  std::filesystem::remove_all(dir);
+  out["config"] = format_config(config);
+  return out;
+}
+
+void run_bench(Runtime& rt, const BenchOptions& o) {
+  std::vector<Shape> shapes;
+  for (const auto& s : o.shapes) shapes.push_back(parse_shape(s));
+  if (shapes.empty()) shapes = default_shapes();
+  device::make_current(rt, o.device);
+  const DeviceInfo dev = device::current_device(rt);
+  device::StreamHandle stream(rt);
+  const double bandwidth = copy_bandwidth(rt, stream.get(), o.reps);
+  nlohmann::json report = {{"device", dev.name},
+                           {"sm_count", dev.sm_count},
+                           {"l2_bytes", dev.l2_bytes},
+                           {"copy_bandwidth_tb_s", bandwidth / 1e12},
+                           {"library", version()},
+                           {"rows", nlohmann::json::array()}};
+  fmt::print("device: {} ({} SMs, L2 {:.0f} MB), copy bandwidth {:.2f} TB/s (read+write)\n", dev.name, dev.sm_count,
+             dev.l2_bytes / 1e6, bandwidth / 1e12);
+  fmt::print("{:<22} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>8} {:>9} {}\n", "shape (r,c,d,pack)", "dir", "MB",
+             "floor us", "kernel us", "ratio", "L2warm", "host us", "target", "ok");
+  for (const auto& shape : shapes) {
+    for (const auto& row : bench_shape(rt, stream.get(), shape, o, bandwidth, dev.l2_bytes)) {
+      fmt::print("{:<22} {:<8} {:>8.1f} {:>9.2f} {:>10.2f} {:>7.2f} {:>9.2f} {:>8.2f} {:>9.2f} {}\n",
+                 row["shape"].get<std::string>(), row["direction"].get<std::string>(), row["megabytes"].get<double>(),
+                 row["floor_us"].get<double>(), row["kernel_us"].get<double>(), row["ratio_to_floor"].get<double>(),
+                 row["l2_warm_us"].get<double>(), row["host_us"].get<double>(), row["target_us"].get<double>(),
+                 row["meets_target"].get<bool>() ? "yes" : "NO");
+      report["rows"].push_back(row);
+    }
+  }
+  if (o.jit) {
+    const auto jit = bench_jit({4, 512, 2}, o.device);
+    fmt::print("JIT {}: compile {:.3f} s, cached load {:.2f} ms\n", jit["config"].get<std::string>(),
+               jit["jit_seconds"].get<double>(), jit["cached_load_ms"].get<double>());
+    report["jit"] = jit;
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream(o.json_path) << report.dump(2) << "\n";
+    fmt::print("wrote {}\n", o.json_path);
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, Runtime*& runtime) {
+  auto opts = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "kernel time vs the DRAM floor on a GPU");
+  cmd->add_option("--shape,-s", opts->shapes, "RATIO,COFF,HEAD_DIM,PACK with PACK NxLEN or LEN+LEN+... (repeatable)");
+  cmd->add_option("--device", opts->device, "device ordinal");
+  cmd->add_option("--reps", opts->reps, "timed repetitions per figure (median)");
+  cmd->add_option("--seed", opts->seed, "input seed");
+  cmd->add_option("--json", opts->json_path, "also write the results as JSON to this file");
+  cmd->add_flag("!--no-jit", opts->jit, "skip the JIT and cached-load timing");
+  cmd->callback([opts, &runtime] { run_bench(*runtime, *opts); });
+}
+
+}  // namespace csa::tools

@@ -1,0 +1,22 @@
+// The csa command-line tool: one function per subcommand, over the public C++ API only.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "csa/csa.hpp"
+
+namespace csa::tools {
+
+void add_info_command(CLI::App& app, Runtime*& runtime);
+void add_prewarm_command(CLI::App& app, Runtime*& runtime);
+void add_cache_command(CLI::App& app, Runtime*& runtime);
+void add_bench_command(CLI::App& app, Runtime*& runtime);
+
+// "4,2,512" -> {ratio 4, coff 2, head_dim 512}; throws CLI::ValidationError.
+Config parse_config(const std::string& text);
+std::string format_config(const Config& c);
+
+}  // namespace csa::tools

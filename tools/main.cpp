@@ -1,0 +1,46 @@
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "commands.hpp"
+
+namespace csa::tools {
+
+Config parse_config(const std::string& text) {
+  Config c;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%d,%d,%d%c", &c.ratio, &c.coff, &c.head_dim, &extra) != 3) {
+    throw CLI::ValidationError("--config", "'" + text + "' is not RATIO,COFF,HEAD_DIM (e.g. 4,2,512)");
+  }
+  return c;
+}
+
+std::string format_config(const Config& c) { return fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim); }
+
+}  // namespace csa::tools
+
+int main(int argc, char** argv) {
+  CLI::App app{"csa: fused CUDA kernels for the CSA/HCA Compressor (runtime-compiled with NVRTC)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", csa::version());
+  // One Runtime for the process, built after parsing so that commands may adjust options.
+  std::unique_ptr<csa::Runtime> owned;
+  csa::Runtime* runtime = nullptr;
+  app.parse_complete_callback([&] {
+    owned = std::make_unique<csa::Runtime>();
+    runtime = owned.get();
+  });
+  csa::tools::add_info_command(app, runtime);
+  csa::tools::add_prewarm_command(app, runtime);
+  csa::tools::add_cache_command(app, runtime);
+  csa::tools::add_bench_command(app, runtime);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const csa::Error& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
