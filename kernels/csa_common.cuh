@@ -16,6 +16,24 @@ __device__ __forceinline__ unsigned short f32_to_bf16(float f) {
   return r;
 }
 
+// IEEE division a / b (round to nearest even) for softmax weights, without the call to the
+// division slow path in the common case: that call makes ptxas spill registers around it.
+// The inline sequence is the fast path the compiler itself emits for div.rn.f32 (reciprocal,
+// one Newton step, quotient, exact FMA remainder, correction), which is correctly rounded
+// while no operand, remainder or quotient leaves the normal range; den = sum(e_k) lies in
+// [1, window] and e_k in [0, 1], so only weights below 2^-60 (and NaN) take the exact slow path.
+__device__ __noinline__ float div_rn_slow(float a, float b) { return __fdiv_rn(a, b); }
+
+__device__ __forceinline__ float div_rn_weight(float a, float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  r = __fmaf_rn(__fmaf_rn(-b, r, 1.0f), r, r);
+  const float q = __fmul_rn(a, r);
+  const float q1 = __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+  const bool in_range = b >= 1.0f && b <= 0x1p24f && (a == 0.0f || (a >= 0x1p-60f && a <= 0x1p20f));
+  return in_range ? q1 : div_rn_slow(a, b);
+}
+
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // VEC adjacent bf16 values <-> fp32 registers with one access of 2*VEC bytes.

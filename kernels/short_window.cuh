@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(THREADS)
       load_bf16<VEC>(p.kv + (w.t0 - RATIO + k) * W + col, kv);
 #pragma unroll
       for (int v = 0; v < VEC; ++v)
-        acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], __fdiv_rn(prev_s[k][v], den[v])));
+        acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], div_rn_weight(prev_s[k][v], den[v])));
     }
   }
 #pragma unroll
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(THREADS)
     load_bf16<VEC>(p.kv + (w.t0 + k) * W + OWN + col, kv);
 #pragma unroll
     for (int v = 0; v < VEC; ++v)
-      acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], __fdiv_rn(own_s[k][v], den[v])));
+      acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], div_rn_weight(own_s[k][v], den[v])));
   }
   store_bf16<VEC>(p.out + row * HEAD_DIM + col, acc);
 }
@@ -220,12 +220,12 @@ __global__ void __launch_bounds__(TX* TY)
 #pragma unroll
         for (int k = 0; k < NPREV; ++k)
 #pragma unroll
-          for (int v = 0; v < VEC; ++v) prev_e[k][v] = __fdiv_rn(prev_e[k][v], den[v]);
+          for (int v = 0; v < VEC; ++v) prev_e[k][v] = div_rn_weight(prev_e[k][v], den[v]);
       }
 #pragma unroll
       for (int k = 0; k < RATIO; ++k)
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) own_e[k][v] = __fdiv_rn(own_e[k][v], den[v]);
+        for (int v = 0; v < VEC; ++v) own_e[k][v] = div_rn_weight(own_e[k][v], den[v]);
 
       float S[VEC];
 #pragma unroll

@@ -7,8 +7,10 @@
 namespace csa::cache {
 
 std::shared_ptr<const StoredCubin> KernelStore::get(const CacheKey& key,
-                                                    const nvrtc::CompileRequest& request) {
-  return entries_.get_or_create(key.hash, [&]() -> std::shared_ptr<const StoredCubin> {
+                                                    const nvrtc::CompileRequest& request,
+                                                    bool* compiled) {
+  bool created = false;
+  auto stored_cubin = entries_.get_or_create(key.hash, [&]() -> std::shared_ptr<const StoredCubin> {
     auto stored = std::make_shared<StoredCubin>();
     const auto start = std::chrono::steady_clock::now();
     if (auto entry = disk_.load(key)) {
@@ -31,7 +33,9 @@ std::shared_ptr<const StoredCubin> KernelStore::get(const CacheKey& key,
     stored->seconds = result.seconds;
     disk_.store(key, stored->entry);
     return stored;
-  });
+  }, &created);
+  if (compiled != nullptr) *compiled = created && stored_cubin->compiled;
+  return stored_cubin;
 }
 
 }  // namespace csa::cache

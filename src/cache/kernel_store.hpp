@@ -12,7 +12,7 @@ namespace csa::cache {
 
 struct StoredCubin {
   CubinEntry entry;
-  bool compiled = false;  // by this process (false: read from disk)
+  bool compiled = false;  // by NVRTC (false: read from disk)
   double seconds = 0.0;   // compile or read time
 };
 
@@ -22,7 +22,9 @@ class KernelStore {
       : disk_(disk), compiler_(compiler), jit_enabled_(jit_enabled), logger_(logger) {}
 
   // Throws Error(kJitDisabled) on a miss when JIT is disabled, Error(kCompileError) on failure.
-  std::shared_ptr<const StoredCubin> get(const CacheKey& key, const nvrtc::CompileRequest& request);
+  // `compiled` (optional): whether this call ran NVRTC.
+  std::shared_ptr<const StoredCubin> get(const CacheKey& key, const nvrtc::CompileRequest& request,
+                                         bool* compiled = nullptr);
 
   DiskCache& disk() { return disk_; }
 

@@ -19,13 +19,13 @@ unsigned blocks_for(std::int64_t threads, unsigned per_block) {
   return static_cast<unsigned>((threads + per_block - 1) / per_block);
 }
 
-PrewarmReport report_of(const Config& config, const std::string& arch, const cache::CacheKey& key,
-                        const cache::StoredCubin& cubin, double seconds) {
+PrewarmReport report_of(const Config& config, const std::string& arch, const std::string& key,
+                        const cache::StoredCubin& cubin, bool compiled, double seconds) {
   PrewarmReport r;
   r.config = config;
   r.arch = arch;
-  r.key = key.hash;
-  r.compiled = cubin.compiled;
+  r.key = key;
+  r.compiled = compiled;
   r.seconds = seconds;
   r.kernels = static_cast<int>(cubin.entry.lowered_names.size());
   r.ptxas_log = cubin.entry.log;
@@ -143,8 +143,8 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   prepared->schedule = schedule_for(config);
   prepared->device = device_traits(device);
   const ModuleSpec spec = make_module_spec(config, resolved, prepared->schedule, prepared->device.arch, compile_options_);
-  auto cubin = store_.get(spec.key, spec.request);
-  if (compiled != nullptr) *compiled = cubin->compiled;
+  prepared->key = spec.key.hash;
+  auto cubin = store_.get(spec.key, spec.request, compiled);
   prepared->module = modules().get(spec.key, cubin);
   return prepared;
 }
@@ -174,8 +174,7 @@ PrewarmReport Service::prewarm(const Config& config, int device, Family family) 
     records_.emplace(key, prepared);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const ModuleSpec spec = make_module_spec(config, prepared->family, prepared->schedule, prepared->device.arch, compile_options_);
-  return report_of(config, prepared->device.arch, spec.key, *prepared->module->cubin, seconds);
+  return report_of(config, prepared->device.arch, prepared->key, *prepared->module->cubin, compiled, seconds);
 }
 
 PrewarmReport Service::compile_for_arch(const Config& config, const std::string& arch, Family family) {
@@ -183,9 +182,10 @@ PrewarmReport Service::compile_for_arch(const Config& config, const std::string&
   nvrtc::check_arch(arch);
   const Family resolved = resolve_family(config, family);
   const ModuleSpec spec = make_module_spec(config, resolved, schedule_for(config), arch, compile_options_);
-  auto cubin = store_.get(spec.key, spec.request);
+  bool compiled = false;
+  auto cubin = store_.get(spec.key, spec.request, &compiled);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return report_of(config, arch, spec.key, *cubin, seconds);
+  return report_of(config, arch, spec.key.hash, *cubin, compiled, seconds);
 }
 
 void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {

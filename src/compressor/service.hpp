@@ -31,6 +31,7 @@ struct Prepared {
   Family family = Family::kShortWindow;
   schedule::ShortWindowSchedule schedule;
   DeviceTraits device;
+  std::string key;  // cache key of the module
   std::shared_ptr<const cache::LoadedModule> module;
   CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
 };

@@ -1,0 +1,130 @@
+// NVRTC compiles every shipped short-window configuration for sm_80, sm_90 and sm_100 with no
+// spills and no local memory; compile failures carry the log and the options.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "common/error.hpp"
+#include "compressor/kernel_sources.hpp"
+#include "nvrtc/compiler.hpp"
+#include "test_util.hpp"
+
+namespace csa::test {
+namespace {
+
+// The shipped set: every short-window ratio, both coffs, an odd head_dim (scalar kernels), a
+// small even one and the widest-block even ones (vectorised kernels, multi-CTA columns).
+std::vector<Config> shipped_configs() {
+  std::vector<Config> out;
+  for (int ratio = 1; ratio <= 16; ++ratio)
+    for (int coff : {1, 2})
+      for (int d : {65, 128, 512}) out.push_back({ratio, d, coff});
+  for (const auto& c : default_configs()) out.push_back(c);
+  out.push_back({4, 4096, 2});
+  out.push_back({16, 4096, 2});
+  out.push_back({16, 1, 1});
+  return out;
+}
+
+TEST(NvrtcCompile, EveryShippedShortWindowConfigurationWithoutLocalMemory) {
+  RuntimeOptions o;
+  o.disk_cache = false;
+  Runtime rt(o);
+  struct Job {
+    Config config;
+    std::string arch;
+  };
+  std::vector<Job> jobs;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"})
+    for (const auto& c : shipped_configs()) jobs.push_back({c, arch});
+  std::atomic<std::size_t> next{0};
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  int max_registers = 0;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < jobs.size(); i = next++) {
+      const auto& j = jobs[i];
+      const std::string what = fmt::format("{} ratio={} coff={} head_dim={}", j.arch, j.config.ratio, j.config.coff,
+                                           j.config.head_dim);
+      try {
+        const PrewarmReport r = rt.compile_for_arch(j.config, j.arch);
+        std::lock_guard<std::mutex> lock(mutex);
+        max_registers = std::max(max_registers, r.max_registers);
+        if (r.max_registers <= 0) failures.push_back(what + ": no ptxas report");
+        if (r.spill_bytes != 0 || r.stack_bytes != 0) {
+          failures.push_back(fmt::format("{}: spill {} B, stack {} B\n{}", what, r.spill_bytes, r.stack_bytes,
+                                         r.ptxas_log));
+        }
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        failures.push_back(what + ": " + e.what());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const unsigned n = std::max(2u, std::thread::hardware_concurrency());
+  for (unsigned t = 0; t < n; ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  std::printf("compiled %zu modules, max %d registers per thread\n", jobs.size(), max_registers);
+}
+
+TEST(NvrtcCompile, ReferenceFamilyCompiles) {
+  RuntimeOptions o;
+  o.disk_cache = false;
+  Runtime rt(o);
+  const auto r = rt.compile_for_arch({16, 65, 2}, "sm_90", Family::kReference);
+  EXPECT_EQ(r.kernels, 4);
+}
+
+TEST(NvrtcCompile, FailureCarriesLogAndOptions) {
+  nvrtc::Compiler compiler(compressor::kernel_headers());
+  nvrtc::CompileRequest r;
+  r.source = "#include \"csa_common.cuh\"\n__global__ void broken() { undefined_symbol(); }\n";
+  r.source_name = "broken.cu";
+  r.name_expressions = {"broken"};
+  r.options = {"-std=c++17", "--fmad=false"};
+  r.arch = "sm_90";
+  try {
+    compiler.compile(r);
+    FAIL() << "compiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::kCompileError);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("undefined_symbol"), std::string::npos) << what;
+    EXPECT_NE(what.find("--fmad=false"), std::string::npos) << what;
+    EXPECT_NE(what.find("sm_90"), std::string::npos) << what;
+  }
+}
+
+TEST(NvrtcCompile, ArchIsChecked) {
+  RuntimeOptions o;
+  o.disk_cache = false;
+  Runtime rt(o);
+  EXPECT_THROW(rt.compile_for_arch({4, 128, 2}, "sm90"), Error);
+  try {
+    rt.compile_for_arch({4, 128, 2}, "sm_70");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::kUnsupported);
+  }
+  EXPECT_THROW(rt.compile_for_arch({4, 128, 2}, "sm_999"), Error);
+}
+
+TEST(PtxasReport, Parses) {
+  const auto r = nvrtc::parse_ptxas_report(
+      "ptxas info    : Compiling entry function '_Z1kv' for 'sm_90'\n"
+      "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+      "ptxas info    : Used 40 registers, used 0 barriers\n");
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].name, "_Z1kv");
+  EXPECT_EQ(r[0].registers, 40);
+  EXPECT_EQ(r[0].stack_bytes, 8);
+  EXPECT_EQ(r[0].spill_store_bytes, 4);
+  EXPECT_EQ(r[0].spill_load_bytes, 12);
+}
+
+}  // namespace
+}  // namespace csa::test

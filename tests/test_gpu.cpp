@@ -1,0 +1,396 @@
+// GPU tests (skipped without a driver or device): the short-window kernels against the plain GPU
+// reference kernel (bitwise), the CPU fp32 reference (tolerance) and the fp64 oracle (parity);
+// poisoned outputs, exact zeros, determinism, accumulate/overwrite, bad pointers and adversarial
+// offsets.
+#include <gtest/gtest.h>
+
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "csa/device.hpp"
+#include "test_util.hpp"
+
+namespace csa::test {
+namespace {
+
+Runtime* g_runtime = nullptr;
+std::string g_skip;
+
+struct Pack {
+  const char* name;
+  std::vector<std::int32_t> lens;
+};
+
+const std::vector<Pack>& packs() {
+  static const std::vector<Pack> p = {{"single", {8192}},
+                                      {"ragged", {1023, 2048, 509}},
+                                      {"short", {3, 515, 1024, 129}},
+                                      {"empty-segment", {64, 0, 253, 3}},
+                                      {"all-tiny", {5, 6, 7}}};
+  return p;
+}
+
+constexpr std::int64_t kExtraRows = 8;
+constexpr std::int64_t kExtraTokens = 21;
+
+// A problem on the device. Output buffers are poisoned before each run.
+struct DeviceProblem {
+  explicit DeviceProblem(const Problem& p)
+      : host(p),
+        kv(*g_runtime, bytes16(p.token_elems())),
+        score(*g_runtime, bytes16(p.token_elems())),
+        ape(*g_runtime, p.ape.size() * 4),
+        cu(*g_runtime, p.cu.size() * 4),
+        cuc(*g_runtime, p.cuc.size() * 4),
+        out(*g_runtime, bytes16(p.comp_elems())),
+        grad_out(*g_runtime, bytes16(p.comp_elems())),
+        grad_kv(*g_runtime, bytes16(p.token_elems())),
+        grad_score(*g_runtime, bytes16(p.token_elems())),
+        grad_ape(*g_runtime, p.ape.size() * 4) {
+    kv.upload(p.kv.data(), kv.size());
+    score.upload(p.score.data(), score.size());
+    ape.upload(p.ape.data(), ape.size());
+    cu.upload(p.cu.data(), cu.size());
+    cuc.upload(p.cuc.data(), cuc.size());
+    grad_out.upload(p.grad_out.data(), grad_out.size());
+  }
+  static std::size_t bytes16(std::int64_t n) { return static_cast<std::size_t>(n) * 2; }
+
+  ForwardArgs forward_args() const {
+    ForwardArgs a;
+    a.kv = kv.get();
+    a.score = score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.out = out.get();
+    a.total_tokens = host.total_tokens;
+    a.num_segments = host.segments();
+    a.total_comp = host.total_comp;
+    a.config = host.config;
+    return a;
+  }
+  BackwardArgs backward_args(std::uint32_t flags) const {
+    BackwardArgs a;
+    a.kv = kv.get();
+    a.score = score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.grad_out = grad_out.get();
+    a.grad_kv = grad_kv.get();
+    a.grad_score = grad_score.get();
+    a.grad_ape = grad_ape.as<float>();
+    a.total_tokens = host.total_tokens;
+    a.num_segments = host.segments();
+    a.total_comp = host.total_comp;
+    a.config = host.config;
+    a.flags = flags;
+    return a;
+  }
+
+  std::vector<std::uint16_t> forward(Family family) {
+    out.fill(0xff);
+    g_runtime->forward(forward_args(), nullptr, family);
+    device::synchronize(*g_runtime, nullptr);
+    std::vector<std::uint16_t> h(static_cast<std::size_t>(host.comp_elems()));
+    out.download(h.data(), out.size());
+    return h;
+  }
+
+  struct Grads {
+    std::vector<std::uint16_t> kv, score;
+    std::vector<float> ape;
+  };
+  // `poison`: byte written to grad_kv / grad_score first; `ape_preset`: grad_ape before the call.
+  Grads backward(Family family, std::uint32_t flags, std::uint8_t poison, const std::vector<float>& ape_preset) {
+    grad_kv.fill(poison);
+    grad_score.fill(poison);
+    grad_ape.upload(ape_preset.data(), grad_ape.size());
+    g_runtime->backward(backward_args(flags), nullptr, family);
+    device::synchronize(*g_runtime, nullptr);
+    Grads g;
+    g.kv.resize(static_cast<std::size_t>(host.token_elems()));
+    g.score.resize(g.kv.size());
+    g.ape.resize(host.ape.size());
+    grad_kv.download(g.kv.data(), grad_kv.size());
+    grad_score.download(g.score.data(), grad_score.size());
+    grad_ape.download(g.ape.data(), grad_ape.size());
+    return g;
+  }
+
+  Problem host;
+  device::Buffer kv, score, ape, cu, cuc, out, grad_out, grad_kv, grad_score, grad_ape;
+};
+
+std::vector<float> nan_ape(const Problem& p) { return std::vector<float>(p.ape.size(), std::nanf("")); }
+
+class GpuEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    g_runtime = new Runtime(RuntimeOptions::from_environment());
+    const DriverInfo info = g_runtime->driver_info();
+    if (!info.available) {
+      g_skip = "no usable CUDA driver: " + info.reason;
+    } else if (info.devices.empty()) {
+      g_skip = "the CUDA driver reports no device";
+    }
+  }
+  void TearDown() override {
+    delete g_runtime;
+    g_runtime = nullptr;
+  }
+};
+
+const auto* const g_environment = ::testing::AddGlobalTestEnvironment(new GpuEnvironment);
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!g_skip.empty()) GTEST_SKIP() << g_skip;
+    device::make_current(*g_runtime, 0);
+  }
+};
+
+// Compiles the fused and reference modules of every configuration in parallel before the
+// per-configuration tests run.
+TEST_F(Gpu, PrewarmEveryTestedConfiguration) {
+  std::vector<std::pair<Config, Family>> jobs;
+  for (int ratio : {1, 2, 4, 8, 16})
+    for (int coff : {1, 2})
+      for (int d : {65, 128, 512})
+        for (Family f : {Family::kAuto, Family::kReference}) jobs.push_back({{ratio, d, coff}, f});
+  std::atomic<std::size_t> next{0};
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < jobs.size(); i = next++) {
+      try {
+        g_runtime->prewarm(jobs[i].first, 0, jobs[i].second);
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back(e.what());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) ADD_FAILURE() << e;
+}
+
+class ShortWindow : public Gpu, public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
+
+TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
+  const auto [ratio, coff, head_dim] = GetParam();
+  const Config config{ratio, head_dim, coff};
+  int pack_index = 0;
+  for (const auto& pack : packs()) {
+    const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(ratio * 1000 + coff * 100 + head_dim) * 7 + pack_index++;
+    const Problem p = make_problem(config, pack.lens, kExtraTokens, kExtraRows, seed);
+    SCOPED_TRACE(std::string(pack.name) + ": " + p.describe());
+    DeviceProblem dev(p);
+
+    // CPU references in the background while the GPU runs.
+    auto cpu_fwd = std::async(std::launch::async, [&] {
+      std::vector<std::uint16_t> out(static_cast<std::size_t>(p.comp_elems()));
+      reference::forward_fp32(p.host(), out.data());
+      return out;
+    });
+    auto cpu_fwd64 = std::async(std::launch::async, [&] {
+      std::vector<double> out(static_cast<std::size_t>(p.comp_elems()));
+      reference::forward_fp64(p.host(), out.data());
+      return out;
+    });
+    struct CpuGrads {
+      std::vector<std::uint16_t> kv, score;
+      std::vector<float> ape;
+    };
+    auto cpu_bwd = std::async(std::launch::async, [&] {
+      CpuGrads g{std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
+                 std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
+                 std::vector<float>(p.ape.size())};
+      reference::backward_fp32(p.host(), p.grad_out.data(), g.kv.data(), g.score.data(), g.ape.data());
+      return g;
+    });
+    struct Oracle {
+      std::vector<double> kv, score, ape;
+    };
+    auto cpu_bwd64 = std::async(std::launch::async, [&] {
+      Oracle o{std::vector<double>(static_cast<std::size_t>(p.token_elems())),
+               std::vector<double>(static_cast<std::size_t>(p.token_elems())), std::vector<double>(p.ape.size())};
+      reference::backward_fp64(p.host(), p.grad_out.data(), o.kv.data(), o.score.data(), o.ape.data());
+      return o;
+    });
+
+    // Forward: every element written, bitwise equal to the GPU reference, stable over 3 runs.
+    const auto out = dev.forward(Family::kAuto);
+    for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NE(out[i], 0xffff) << "out[" << i << "] not written";
+    const auto out_ref = dev.forward(Family::kReference);
+    ASSERT_EQ(first_difference(out.data(), out_ref.data(), out.size() * 2, 2), static_cast<std::size_t>(-1))
+        << "out differs from the GPU reference";
+    ASSERT_EQ(dev.forward(Family::kAuto), out);
+    ASSERT_EQ(dev.forward(Family::kAuto), out);
+
+    // Backward, default mode, NaN-poisoned grad buffers and grad_ape.
+    const auto g = dev.backward(Family::kAuto, 0, 0xff, nan_ape(p));
+    for (std::size_t i = 0; i < g.kv.size(); ++i) {
+      ASSERT_NE(g.kv[i], 0xffff) << "grad_kv[" << i << "] not written";
+      ASSERT_NE(g.score[i], 0xffff) << "grad_score[" << i << "] not written";
+    }
+    for (float v : g.ape) ASSERT_FALSE(std::isnan(v)) << "grad_ape not overwritten";
+    const auto g_zeroed = dev.backward(Family::kAuto, 0, 0x00, std::vector<float>(p.ape.size(), 0.0f));
+    ASSERT_EQ(g_zeroed.kv, g.kv) << "grad_kv depends on the buffer's prior content";
+    ASSERT_EQ(g_zeroed.score, g.score) << "grad_score depends on the buffer's prior content";
+    const auto mask = consumed_mask(p);
+    for (std::size_t i = 0; i < mask.size(); ++i) {
+      if (!mask[i]) {
+        ASSERT_EQ(g.kv[i], 0) << "never-consumed grad_kv[" << i << "] not exactly 0";
+        ASSERT_EQ(g.score[i], 0) << "never-consumed grad_score[" << i << "] not exactly 0";
+      }
+    }
+    const auto g_ref = dev.backward(Family::kReference, 0, 0xff, nan_ape(p));
+    ASSERT_EQ(first_difference(g.kv.data(), g_ref.kv.data(), g.kv.size() * 2, 2), static_cast<std::size_t>(-1))
+        << "grad_kv differs from the GPU reference";
+    ASSERT_EQ(first_difference(g.score.data(), g_ref.score.data(), g.score.size() * 2, 2), static_cast<std::size_t>(-1))
+        << "grad_score differs from the GPU reference";
+    for (std::size_t i = 0; i < g.ape.size(); ++i) ASSERT_NEAR(g.ape[i], g_ref.ape[i], 1e-3) << "grad_ape[" << i << "]";
+    for (int run = 0; run < 2; ++run) {
+      const auto again = dev.backward(Family::kAuto, 0, 0xff, nan_ape(p));
+      ASSERT_EQ(again.kv, g.kv);
+      ASSERT_EQ(again.score, g.score);
+    }
+
+    // Deterministic mode: grad_ape bitwise over 3 runs; accumulate adds exactly once.
+    const auto d1 = dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p));
+    ASSERT_EQ(d1.kv, g.kv);
+    ASSERT_EQ(d1.score, g.score);
+    for (int run = 0; run < 2; ++run) {
+      const auto again = dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p));
+      ASSERT_EQ(first_difference(again.ape.data(), d1.ape.data(), d1.ape.size() * 4, 4), static_cast<std::size_t>(-1))
+          << "deterministic grad_ape changed between runs";
+    }
+    for (std::size_t i = 0; i < g.ape.size(); ++i) ASSERT_NEAR(d1.ape[i], g.ape[i], 1e-3);
+    std::vector<float> preset(p.ape.size());
+    for (std::size_t i = 0; i < preset.size(); ++i) preset[i] = 0.5f + static_cast<float>(i % 7);
+    const auto acc_det = dev.backward(Family::kAuto, kDeterministic | kAccumulateGradApe, 0xff, preset);
+    for (std::size_t i = 0; i < preset.size(); ++i) ASSERT_EQ(acc_det.ape[i], preset[i] + d1.ape[i]) << i;
+    const auto acc = dev.backward(Family::kAuto, kAccumulateGradApe, 0xff, preset);
+    for (std::size_t i = 0; i < preset.size(); ++i) ASSERT_NEAR(acc.ape[i], preset[i] + g.ape[i], 1e-3) << i;
+    ASSERT_EQ(acc.kv, g.kv);
+
+    // CPU fp32 reference (tolerance contract) and fp64 oracle (parity).
+    const auto out_cpu = cpu_fwd.get();
+    const auto out64 = cpu_fwd64.get();
+    const auto grads_cpu = cpu_bwd.get();
+    const auto oracle = cpu_bwd64.get();
+    auto bf = [](std::uint16_t v) { return bf16_value(v); };
+    auto f32 = [](float v) { return static_cast<double>(v); };
+    for (const std::string& failure :
+         {tolerance_failure(out, out_cpu, "out"), tolerance_failure(g.kv, grads_cpu.kv, "grad_kv"),
+          tolerance_failure(g.score, grads_cpu.score, "grad_score"),
+          parity_failure(out, out_cpu, out64, bf, "out"), parity_failure(g.kv, grads_cpu.kv, oracle.kv, bf, "grad_kv"),
+          parity_failure(g.score, grads_cpu.score, oracle.score, bf, "grad_score"),
+          parity_failure(d1.ape, grads_cpu.ape, oracle.ape, f32, "grad_ape")}) {
+      EXPECT_TRUE(failure.empty()) << failure;
+    }
+    for (std::size_t i = 0; i < g.ape.size(); ++i) EXPECT_NEAR(g.ape[i], grads_cpu.ape[i], 1e-3) << "grad_ape[" << i << "]";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ShortWindow,
+                         ::testing::Combine(::testing::Values(1, 2, 4, 8, 16), ::testing::Values(1, 2),
+                                            ::testing::Values(65, 128, 512)),
+                         [](const auto& param_info) {
+                           return "r" + std::to_string(std::get<0>(param_info.param)) + "_c" +
+                                  std::to_string(std::get<1>(param_info.param)) + "_d" +
+                                  std::to_string(std::get<2>(param_info.param));
+                         });
+
+TEST_F(Gpu, NothingToPoolGivesZeroGradients) {
+  // Every segment shorter than ratio: no rows; total_comp == 0.
+  const Problem p = make_problem({8, 128, 2}, {5, 6, 7}, kExtraTokens, 0, base_seed());
+  SCOPED_TRACE(p.describe());
+  DeviceProblem dev(p);
+  for (std::uint32_t flags : {0u, static_cast<std::uint32_t>(kDeterministic)}) {
+    const auto g = dev.backward(Family::kAuto, flags, 0xff, nan_ape(p));
+    for (std::size_t i = 0; i < g.kv.size(); ++i) ASSERT_TRUE(g.kv[i] == 0 && g.score[i] == 0) << i;
+    for (float v : g.ape) ASSERT_EQ(v, 0.0f);
+    std::vector<float> preset(p.ape.size(), 3.25f);
+    const auto acc = dev.backward(Family::kAuto, flags | kAccumulateGradApe, 0xff, preset);
+    for (float v : acc.ape) ASSERT_EQ(v, 3.25f) << "accumulate must leave grad_ape unchanged";
+  }
+}
+
+TEST_F(Gpu, MisalignedDevicePointersAreRejectedAndOutputsUntouched) {
+  const Problem p = make_problem({4, 128, 2}, {256}, 0, 0, base_seed());
+  DeviceProblem dev(p);
+  dev.out.fill(0x5a);
+  dev.grad_kv.fill(0x5a);
+  ForwardArgs f = dev.forward_args();
+  f.kv = static_cast<const char*>(f.kv) + 2;
+  f.total_tokens -= 1;
+  try {
+    g_runtime->forward(f, nullptr);
+    FAIL() << "accepted a misaligned kv";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("kv"), std::string::npos);
+  }
+  BackwardArgs b = dev.backward_args(0);
+  b.grad_kv = static_cast<char*>(b.grad_kv) + 4;
+  EXPECT_THROW(g_runtime->backward(b, nullptr), Error);
+  device::synchronize(*g_runtime, nullptr);
+  std::vector<std::uint8_t> host(dev.out.size());
+  dev.out.download(host.data(), host.size());
+  for (auto v : host) ASSERT_EQ(v, 0x5a);
+  host.resize(dev.grad_kv.size());
+  dev.grad_kv.download(host.data(), host.size());
+  for (auto v : host) ASSERT_EQ(v, 0x5a);
+}
+
+// Offsets are device data: whatever they hold, kernels stay in bounds (run this under
+// compute-sanitizer memcheck), and check_offsets names the first bad entry.
+TEST_F(Gpu, AdversarialOffsetsStayInBounds) {
+  const std::vector<std::vector<std::int32_t>> bad_cu = {
+      {0, 900, 100, 2000},           // non-monotonic
+      {0, 512, 4096, 1 << 30},       // beyond total_tokens
+      {-77, 16, 300, 1000},          // negative start
+      {0, 1000, 1000, 1000}};
+  const std::vector<std::vector<std::int32_t>> bad_cuc = {
+      {0, 300, 10, 500},             // inconsistent, non-monotonic
+      {0, 128, 1 << 28, 1 << 29},    // beyond total_comp
+      {5, 4, 90, -3},                // garbage
+      {0, 250, 250, 250}};           // consistent with cu
+  for (int coff : {1, 2})
+    for (int ratio : {1, 4, 16}) {
+      Problem p = make_problem({ratio, 64, coff}, {400, 300, 300}, 24, 40, base_seed() + ratio);
+      for (std::size_t k = 0; k < bad_cu.size(); ++k) {
+        p.cu = bad_cu[k];
+        p.cuc = bad_cuc[k];
+        SCOPED_TRACE("offset set " + std::to_string(k) + " " + p.describe());
+        DeviceProblem dev(p);
+        EXPECT_NO_THROW(dev.forward(Family::kAuto));
+        EXPECT_NO_THROW(dev.backward(Family::kAuto, 0, 0xff, nan_ape(p)));
+        EXPECT_NO_THROW(dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p)));
+        const OffsetReport r = g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(),
+                                                        p.segments(), p.total_tokens, p.total_comp, ratio, nullptr);
+        EXPECT_FALSE(r.ok && k < 3) << "offset set " << k << " passed the device check";
+        if (!r.ok) {
+          EXPECT_FALSE(r.message.empty());
+        }
+      }
+    }
+}
+
+TEST_F(Gpu, CheckOffsetsAcceptsValidOffsets) {
+  const Problem p = make_problem({4, 64, 2}, {64, 0, 253, 3}, 21, 8, base_seed());
+  DeviceProblem dev(p);
+  const OffsetReport r = g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(), p.segments(),
+                                                  p.total_tokens, p.total_comp, 4, nullptr);
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+}  // namespace
+}  // namespace csa::test

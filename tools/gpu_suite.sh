@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs everything that needs a GPU on an already built tree: the GPU tests, the memory checker
+# over the adversarial-offset tests, and the benchmark. Full logs go to OUTDIR; a summary is
+# printed last.
+#   tools/gpu_suite.sh OUTDIR [BUILD_DIR]
+# CSA_SUITE_VARIANTS: extra benchmark runs, ';'-separated CSA_SHORT_WINDOW_SCHEDULE values.
+set -u
+out=${1:?usage: tools/gpu_suite.sh OUTDIR [BUILD_DIR]}
+build=${2:-build}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+CSA_CACHE_DIR=$(mktemp -d)/csa
+export CSA_CACHE_DIR
+summary=()
+
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+"$build/csa" info >"$out/info.txt" 2>&1
+
+start=$(date +%s)
+"$build/tests/csa_gpu_tests" >"$out/gpu_tests.log" 2>&1
+rc=$?
+summary+=("gpu tests: rc=$rc ($(($(date +%s) - start)) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
+
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/csa_gpu_tests" \
+    --gtest_filter='Gpu.AdversarialOffsets*:Gpu.NothingToPool*:Gpu.Misaligned*' >"$out/memcheck.log" 2>&1
+  summary+=("memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)")
+else
+  summary+=("memcheck: compute-sanitizer not found")
+fi
+
+"$build/csa" bench --json "$out/bench.json" >"$out/bench.txt" 2>&1
+summary+=("bench: rc=$?")
+
+IFS=';' read -r -a variants <<<"${CSA_SUITE_VARIANTS:-}"
+i=0
+for v in "${variants[@]}"; do
+  [ -n "$v" ] || continue
+  i=$((i + 1))
+  echo "# CSA_SHORT_WINDOW_SCHEDULE=$v" >"$out/bench_variant_$i.txt"
+  CSA_SHORT_WINDOW_SCHEDULE="$v" "$build/csa" bench --no-jit --reps 9 >>"$out/bench_variant_$i.txt" 2>&1
+done
+
+cat "$out/bench.txt"
+for f in "$out"/bench_variant_*.txt; do [ -f "$f" ] && { head -1 "$f"; grep -E '^[0-9]' "$f" | awk '{print $1, $2, $5, $6}'; }; done
+printf '%s\n' "${summary[@]}"
