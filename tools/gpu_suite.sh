@@ -9,6 +9,7 @@ out=${1:?usage: tools/gpu_suite.sh OUTDIR [BUILD_DIR]}
 build=${2:-build}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export PATH=$PATH:/usr/local/cuda/bin
 CSA_CACHE_DIR=$(mktemp -d)/csa
 export CSA_CACHE_DIR
 summary=()
