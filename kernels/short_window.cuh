@@ -31,11 +31,16 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
   for (int v = 0; v < VEC; ++v) mx[v] = neg_inf();
 
+  // Every load of the window is issued before any arithmetic: one memory round trip.
+  float prev_kv[NPREV][VEC];
+  float own_kv[RATIO][VEC];
   if (use_prev) {
 #pragma unroll
     for (int k = 0; k < NPREV; ++k) {
       float sc[VEC], ap[VEC];
-      load_bf16<VEC>(p.score + (w.t0 - RATIO + k) * W + col, sc);
+      const int off = (w.t0 - RATIO + k) * W + col;
+      load_bf16<VEC>(p.score + off, sc);
+      load_bf16<VEC>(p.kv + off, prev_kv[k]);
       load_f32<VEC>(p.ape + k * W + col, ap);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
@@ -47,7 +52,9 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
   for (int k = 0; k < RATIO; ++k) {
     float sc[VEC], ap[VEC];
-    load_bf16<VEC>(p.score + (w.t0 + k) * W + OWN + col, sc);
+    const int off = (w.t0 + k) * W + OWN + col;
+    load_bf16<VEC>(p.score + off, sc);
+    load_bf16<VEC>(p.kv + off, own_kv[k]);
     load_f32<VEC>(p.ape + k * W + OWN + col, ap);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
@@ -82,22 +89,16 @@ __global__ void __launch_bounds__(THREADS)
   for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
   if (use_prev) {
 #pragma unroll
-    for (int k = 0; k < NPREV; ++k) {
-      float kv[VEC];
-      load_bf16<VEC>(p.kv + (w.t0 - RATIO + k) * W + col, kv);
+    for (int k = 0; k < NPREV; ++k)
 #pragma unroll
       for (int v = 0; v < VEC; ++v)
-        acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], div_rn_weight(prev_s[k][v], den[v])));
-    }
+        acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], div_rn_weight(prev_s[k][v], den[v])));
   }
 #pragma unroll
-  for (int k = 0; k < RATIO; ++k) {
-    float kv[VEC];
-    load_bf16<VEC>(p.kv + (w.t0 + k) * W + OWN + col, kv);
+  for (int k = 0; k < RATIO; ++k)
 #pragma unroll
     for (int v = 0; v < VEC; ++v)
-      acc[v] = __fadd_rn(acc[v], __fmul_rn(kv[v], div_rn_weight(own_s[k][v], den[v])));
-  }
+      acc[v] = __fadd_rn(acc[v], __fmul_rn(own_kv[k][v], div_rn_weight(own_s[k][v], den[v])));
   store_bf16<VEC>(p.out + row * HEAD_DIM + col, acc);
 }
 

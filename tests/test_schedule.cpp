@@ -31,13 +31,22 @@ TEST(ShortWindowSchedule, BackwardGridCoversEveryRow) {
   for (std::int64_t rows : {0LL, 1LL, 7LL, 1024LL, 6144LL, 100000LL, (1LL << 31) / 4096})
     for (int d : {65, 128, 4096}) {
       const auto s = schedule::select_short_window({4, d, 2});
-      const auto g = schedule::backward_grid(s, {4, d, 2}, rows, 132);
+      const auto g = schedule::backward_grid(s, {4, d, 2}, rows, 132, 3);
       EXPECT_GE(static_cast<std::int64_t>(g.grid_y) * g.rows_per_cta, rows);
       EXPECT_LE(g.grid_y, 65535);
       EXPECT_GE(g.grid_y, 1);
       EXPECT_EQ(g.rows_per_cta % s.backward_ty, 0);
       EXPECT_GE(static_cast<std::int64_t>(g.grid_x) * s.backward_tx * s.backward_vec, d);
     }
+}
+
+TEST(ShortWindowSchedule, ResidentCtasFollowTheTightestLimit) {
+  const schedule::SmLimits h100;  // 64K registers, 2048 threads, 32 CTAs, 228 KB
+  EXPECT_EQ(schedule::resident_ctas(h100, 256, 32, 0), 8);   // threads
+  EXPECT_EQ(schedule::resident_ctas(h100, 256, 80, 0), 3);   // registers: 80*256 = 20480
+  EXPECT_EQ(schedule::resident_ctas(h100, 256, 255, 0), 1);
+  EXPECT_EQ(schedule::resident_ctas(h100, 64, 16, 0), 32);   // CTA slots
+  EXPECT_EQ(schedule::resident_ctas(h100, 128, 32, 100000), 2);  // shared memory
 }
 
 TEST(ShortWindowSchedule, OverrideIsValidated) {

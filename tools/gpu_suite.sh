@@ -17,6 +17,11 @@ summary=()
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 "$build/csa" info >"$out/info.txt" 2>&1
 
+# Cold JIT of the default production set (fresh cache), then the same again from the cache.
+"$build/csa" prewarm >"$out/prewarm.txt" 2>&1
+"$build/csa" prewarm >>"$out/prewarm.txt" 2>&1
+summary+=("prewarm: $(grep -cE ' compiled ' "$out/prewarm.txt") compiled, $(grep -cE ' cache ' "$out/prewarm.txt") from cache")
+
 start=$(date +%s)
 "$build/tests/csa_gpu_tests" >"$out/gpu_tests.log" 2>&1
 rc=$?
@@ -32,6 +37,14 @@ fi
 
 "$build/csa" bench --json "$out/bench.json" >"$out/bench.txt" 2>&1
 summary+=("bench: rc=$?")
+
+# CSA_SUITE_PROFILE=SHAPE: hardware counters of the kernels of one benchmark shape.
+if [ -n "${CSA_SUITE_PROFILE:-}" ] && command -v ncu >/dev/null; then
+  ncu --clock-control none -k regex:short_window -c 6 --section SpeedOfLight --section WarpStateStats \
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    "$build/csa" bench --no-jit --reps 1 --shape "$CSA_SUITE_PROFILE" >"$out/ncu.txt" 2>&1
+  summary+=("ncu: rc=$?")
+fi
 
 IFS=';' read -r -a variants <<<"${CSA_SUITE_VARIANTS:-}"
 i=0

@@ -4,10 +4,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "csa/csa.hpp"
 
 struct CUevent_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
 
 namespace csa::device {
 
@@ -66,6 +69,22 @@ class CSA_API Event {
  private:
   Runtime* runtime_;
   CUevent_st* event_ = nullptr;
+};
+
+// A CUDA graph captured from the calls `record` makes on `stream` (thread-local capture mode),
+// replayed with launch().
+class CSA_API Graph {
+ public:
+  Graph(Runtime& runtime, Stream stream, const std::function<void()>& record);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void launch(Stream stream);
+
+ private:
+  Runtime* runtime_;
+  CUgraph_st* graph_ = nullptr;
+  CUgraphExec_st* exec_ = nullptr;
 };
 
 CSA_API void copy_async(Runtime& runtime, void* dst, const void* src, std::size_t bytes,

@@ -127,6 +127,32 @@ float Event::milliseconds_since(const Event& start) const {
   return ms;
 }
 
+Graph::Graph(Runtime& runtime, Stream stream, const std::function<void()>& record) : runtime_(&runtime) {
+  driver::Driver& d = driver_of(runtime);
+  d.check(d.api().cuStreamBeginCapture(raw(stream), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  try {
+    record();
+  } catch (...) {
+    CUgraph broken = nullptr;
+    d.api().cuStreamEndCapture(raw(stream), &broken);
+    if (broken != nullptr) d.api().cuGraphDestroy(broken);
+    throw;
+  }
+  d.check(d.api().cuStreamEndCapture(raw(stream), &graph_), "cuStreamEndCapture");
+  d.check(d.api().cuGraphInstantiateWithFlags(&exec_, graph_, 0), "cuGraphInstantiateWithFlags");
+}
+
+Graph::~Graph() {
+  driver::Driver& d = driver_of(*runtime_);
+  if (exec_ != nullptr) d.api().cuGraphExecDestroy(exec_);
+  if (graph_ != nullptr) d.api().cuGraphDestroy(graph_);
+}
+
+void Graph::launch(Stream stream) {
+  driver::Driver& d = driver_of(*runtime_);
+  d.check(d.api().cuGraphLaunch(exec_, raw(stream)), "cuGraphLaunch");
+}
+
 void copy_async(Runtime& runtime, void* dst, const void* src, std::size_t bytes, Stream stream) {
   driver::Driver& d = driver_of(runtime);
   d.check(d.api().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),

@@ -110,6 +110,14 @@ DeviceTraits Service::device_traits(int ordinal) {
   d.check(api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute(minor)");
   d.check(api.cuDeviceGetAttribute(&t.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
           "cuDeviceGetAttribute(multiprocessor count)");
+  d.check(api.cuDeviceGetAttribute(&t.sm.registers, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, dev),
+          "cuDeviceGetAttribute(registers per SM)");
+  d.check(api.cuDeviceGetAttribute(&t.sm.threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev),
+          "cuDeviceGetAttribute(threads per SM)");
+  d.check(api.cuDeviceGetAttribute(&t.sm.ctas, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, dev),
+          "cuDeviceGetAttribute(blocks per SM)");
+  d.check(api.cuDeviceGetAttribute(&t.sm.shared_bytes, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev),
+          "cuDeviceGetAttribute(shared memory per SM)");
   if (major < 8) {
     fail(Status::kUnsupported, "device {} has compute capability {}.{}; csa needs 8.0 or newer", ordinal, major, minor);
   }
@@ -146,6 +154,19 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   prepared->key = spec.key.hash;
   auto cubin = store_.get(spec.key, spec.request, compiled);
   prepared->module = modules().get(spec.key, cubin);
+  if (resolved == Family::kShortWindow) {
+    driver::Driver& d = loader_.get();
+    CUdevice dev = 0;
+    d.check(d.api().cuDeviceGet(&dev, device), "cuDeviceGet");
+    int regs = 0;
+    int shared = 0;
+    const CUkernel bwd = prepared->kernel(kSwBackwardAtomic);
+    d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, bwd, dev), "cuKernelGetAttribute(registers)");
+    d.check(d.api().cuKernelGetAttribute(&shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, bwd, dev),
+            "cuKernelGetAttribute(shared memory)");
+    prepared->backward_resident_ctas = schedule::resident_ctas(
+        prepared->device.sm, prepared->schedule.backward_tx * prepared->schedule.backward_ty, regs, shared);
+  }
   return prepared;
 }
 
@@ -258,7 +279,7 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   }
 
   const auto& s = p.schedule;
-  const auto grid = schedule::backward_grid(s, c, a.total_comp, p.device.sm_count);
+  const auto grid = schedule::backward_grid(s, c, a.total_comp, p.device.sm_count, p.backward_resident_ctas);
   params.rows_per_cta = grid.rows_per_cta;
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(grid.grid_x);

@@ -23,6 +23,7 @@ struct DeviceTraits {
   int ordinal = 0;
   std::string arch;  // "sm_90"
   int sm_count = 0;
+  schedule::SmLimits sm;
 };
 
 // Everything a call needs, resolved once.
@@ -32,6 +33,7 @@ struct Prepared {
   schedule::ShortWindowSchedule schedule;
   DeviceTraits device;
   std::string key;  // cache key of the module
+  int backward_resident_ctas = 1;  // backward CTAs per SM (from the kernel's registers)
   std::shared_ptr<const cache::LoadedModule> module;
   CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
 };

@@ -31,6 +31,12 @@ namespace csa::driver {
   X(cuLibraryUnload, 12000)       \
   X(cuLibraryGetKernel, 12000)    \
   X(cuKernelGetAttribute, 12000)  \
+  X(cuStreamBeginCapture, 10010)  \
+  X(cuStreamEndCapture, 10000)    \
+  X(cuGraphInstantiateWithFlags, 11040) \
+  X(cuGraphLaunch, 10000)         \
+  X(cuGraphExecDestroy, 10000)    \
+  X(cuGraphDestroy, 10000)        \
   X(cuLaunchKernelEx, 11060)      \
   X(cuStreamIsCapturing, 10000)   \
   X(cuStreamCreate, 2000)         \

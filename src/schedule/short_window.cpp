@@ -73,13 +73,24 @@ ShortWindowSchedule select_short_window(const Config& c, const std::optional<std
   return s;
 }
 
+int resident_ctas(const SmLimits& sm, int threads, int registers, int shared_bytes) {
+  const int warps = (threads + 31) / 32;
+  // Registers are allocated per warp in units of 256 (8 per thread).
+  const int regs_per_warp = ((std::max(registers, 1) * 32 + 255) / 256) * 256;
+  int ctas = std::min(sm.ctas, sm.threads / (warps * 32));
+  ctas = std::min(ctas, sm.registers / (regs_per_warp * warps));
+  if (shared_bytes > 0) ctas = std::min(ctas, sm.shared_bytes / (shared_bytes + 1024));
+  return std::max(ctas, 1);
+}
+
 BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp,
-                           int sm_count) {
+                           int sm_count, int resident_per_sm) {
   BackwardGrid g;
   const int ncv = c.head_dim / s.backward_vec;
   g.grid_x = (ncv + s.backward_tx - 1) / s.backward_tx;
-  // About four 256-thread CTAs per SM: enough loads in flight, few grad_ape partials.
-  const std::int64_t target_y = std::max<std::int64_t>(1, (static_cast<std::int64_t>(sm_count) * 4) / g.grid_x);
+  // Exactly one wave: no tail of late CTAs, and few grad_ape partials.
+  const std::int64_t wave = static_cast<std::int64_t>(sm_count) * std::max(resident_per_sm, 1);
+  const std::int64_t target_y = std::max<std::int64_t>(1, wave / g.grid_x);
   std::int64_t rows = (total_comp + target_y - 1) / target_y;
   rows = std::max<std::int64_t>(rows, (total_comp + 65534) / 65535);  // gridDim.y limit
   rows = ((std::max<std::int64_t>(rows, 1) + s.backward_ty - 1) / s.backward_ty) * s.backward_ty;

@@ -37,7 +37,19 @@ struct BackwardGrid {
   int rows_per_cta = 1;
 };
 
+// Limits of one multiprocessor, for occupancy.
+struct SmLimits {
+  int registers = 65536;
+  int threads = 2048;
+  int ctas = 32;
+  int shared_bytes = 233472;
+};
+
+// CTAs of `threads` threads using `registers` per thread and `shared_bytes` that fit on one SM.
+int resident_ctas(const SmLimits& sm, int threads, int registers, int shared_bytes);
+
+// One full wave of `resident_per_sm` CTAs per SM; each CTA loops over its rows.
 BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& config,
-                           std::int64_t total_comp, int sm_count);
+                           std::int64_t total_comp, int sm_count, int resident_per_sm);
 
 }  // namespace csa::schedule
