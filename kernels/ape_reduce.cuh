@@ -13,6 +13,7 @@ __global__ void __launch_bounds__(32 * LANES) ape_reduce(const __grid_constant__
   const int e = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
   if (e < p.elements) {
+#pragma unroll 8
     for (int g = threadIdx.y; g < p.groups; g += LANES)
       s = __fadd_rn(s, p.workspace[static_cast<long long>(g) * p.elements + e]);
   }

@@ -16,22 +16,23 @@ __device__ __forceinline__ unsigned short f32_to_bf16(float f) {
   return r;
 }
 
-// IEEE division a / b (round to nearest even) for softmax weights, without the call to the
-// division slow path in the common case: that call makes ptxas spill registers around it.
-// The inline sequence is the fast path the compiler itself emits for div.rn.f32 (reciprocal,
-// one Newton step, quotient, exact FMA remainder, correction), which is correctly rounded
-// while no operand, remainder or quotient leaves the normal range; den = sum(e_k) lies in
-// [1, window] and e_k in [0, 1], so only weights below 2^-60 (and NaN) take the exact slow path.
+// IEEE division for softmax weights without the division slow-path call in the common case:
+// that call makes ptxas spill registers around it. The inline sequence is the fast path the
+// compiler itself emits for div.rn.f32 (reciprocal, one Newton step, quotient, exact FMA
+// remainder, correction); it is correctly rounded while no operand, remainder or quotient
+// leaves the normal range. softmax_weights() checks that once per column (den in [1, 2^24],
+// every weight 0 or >= e^-41 > 2^-60) and otherwise divides with the exact slow path.
 __device__ __noinline__ float div_rn_slow(float a, float b) { return __fdiv_rn(a, b); }
 
-__device__ __forceinline__ float div_rn_weight(float a, float b) {
+__device__ __forceinline__ float refined_reciprocal(float b) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
-  r = __fmaf_rn(__fmaf_rn(-b, r, 1.0f), r, r);
+  return __fmaf_rn(__fmaf_rn(-b, r, 1.0f), r, r);
+}
+
+__device__ __forceinline__ float div_rn_fast(float a, float b, float r) {
   const float q = __fmul_rn(a, r);
-  const float q1 = __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
-  const bool in_range = b >= 1.0f && b <= 0x1p24f && (a == 0.0f || (a >= 0x1p-60f && a <= 0x1p20f));
-  return in_range ? q1 : div_rn_slow(a, b);
+  return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -137,6 +138,83 @@ __device__ __forceinline__ int find_segment(const int* cuc, int num_segments, in
     }
   }
   return lo;
+}
+
+// Turns the window's s_k = score_k + ape_k into softmax weights in place, in the reference op
+// order: m = max_k s_k, e_k = expf(s_k - m), den = sum_k e_k (slot order, previous half first),
+// p_k = e_k / den (IEEE). The previous half takes part only when `use_prev`.
+template <int NPREV, int NOWN, int VEC>
+__device__ __forceinline__ void softmax_weights(float (&prev)[NPREV][VEC], float (&own)[NOWN][VEC],
+                                                bool use_prev) {
+  float mx[VEC], mn[VEC], den[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    mx[v] = neg_inf();
+    mn[v] = __int_as_float(0x7f800000);
+    den[v] = 0.0f;
+  }
+  if (use_prev) {
+#pragma unroll
+    for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        mx[v] = fmaxf(mx[v], prev[k][v]);
+        mn[v] = fminf(mn[v], prev[k][v]);
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < NOWN; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      mx[v] = fmaxf(mx[v], own[k][v]);
+      mn[v] = fminf(mn[v], own[k][v]);
+    }
+  if (use_prev) {
+#pragma unroll
+    for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        prev[k][v] = expf(__fsub_rn(prev[k][v], mx[v]));
+        den[v] = __fadd_rn(den[v], prev[k][v]);
+      }
+  }
+#pragma unroll
+  for (int k = 0; k < NOWN; ++k)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      own[k][v] = expf(__fsub_rn(own[k][v], mx[v]));
+      den[v] = __fadd_rn(den[v], own[k][v]);
+    }
+  bool fast = true;
+  float r[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    fast = fast && den[v] >= 1.0f && den[v] <= 0x1p24f && __fsub_rn(mn[v], mx[v]) >= -41.0f;
+    r[v] = refined_reciprocal(den[v]);
+  }
+  if (fast) {
+    if (use_prev) {
+#pragma unroll
+      for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) prev[k][v] = div_rn_fast(prev[k][v], den[v], r[v]);
+    }
+#pragma unroll
+    for (int k = 0; k < NOWN; ++k)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) own[k][v] = div_rn_fast(own[k][v], den[v], r[v]);
+  } else {
+    if (use_prev) {
+#pragma unroll
+      for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) prev[k][v] = div_rn_slow(prev[k][v], den[v]);
+    }
+#pragma unroll
+    for (int k = 0; k < NOWN; ++k)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) own[k][v] = div_rn_slow(own[k][v], den[v]);
+  }
 }
 
 // Where the window of one output row lies. `first`: the previous-block half is invalid.

@@ -24,65 +24,38 @@ __global__ void __launch_bounds__(THREADS)
   const RowWindow w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
                                         p.total_tokens, row, rows_valid);
   const bool use_prev = COFF == 2 && !w.first;
-
-  float prev_s[NPREV][VEC];
-  float own_s[RATIO][VEC];
-  float mx[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) mx[v] = neg_inf();
+  // NOTE: 64-bit row bases, so that every slot's load is the base plus a constant offset.
+  const long long base = static_cast<long long>(w.t0) * W + col;
+  const csa_u16* score_own = p.score + base + OWN;
+  const csa_u16* kv_own = p.kv + base + OWN;
+  const csa_u16* score_prev = p.score + base - RATIO * W;
+  const csa_u16* kv_prev = p.kv + base - RATIO * W;
+  const float* ape = p.ape + col;
 
   // Every load of the window is issued before any arithmetic: one memory round trip.
-  float prev_kv[NPREV][VEC];
-  float own_kv[RATIO][VEC];
+  float prev_s[NPREV][VEC], prev_kv[NPREV][VEC];
+  float own_s[RATIO][VEC], own_kv[RATIO][VEC];
   if (use_prev) {
 #pragma unroll
     for (int k = 0; k < NPREV; ++k) {
       float sc[VEC], ap[VEC];
-      const int off = (w.t0 - RATIO + k) * W + col;
-      load_bf16<VEC>(p.score + off, sc);
-      load_bf16<VEC>(p.kv + off, prev_kv[k]);
-      load_f32<VEC>(p.ape + k * W + col, ap);
+      load_bf16<VEC>(score_prev + k * W, sc);
+      load_bf16<VEC>(kv_prev + k * W, prev_kv[k]);
+      load_f32<VEC>(ape + k * W, ap);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        prev_s[k][v] = __fadd_rn(sc[v], ap[v]);
-        mx[v] = fmaxf(mx[v], prev_s[k][v]);
-      }
+      for (int v = 0; v < VEC; ++v) prev_s[k][v] = __fadd_rn(sc[v], ap[v]);
     }
   }
 #pragma unroll
   for (int k = 0; k < RATIO; ++k) {
     float sc[VEC], ap[VEC];
-    const int off = (w.t0 + k) * W + OWN + col;
-    load_bf16<VEC>(p.score + off, sc);
-    load_bf16<VEC>(p.kv + off, own_kv[k]);
-    load_f32<VEC>(p.ape + k * W + OWN + col, ap);
+    load_bf16<VEC>(score_own + k * W, sc);
+    load_bf16<VEC>(kv_own + k * W, own_kv[k]);
+    load_f32<VEC>(ape + k * W + OWN, ap);
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      own_s[k][v] = __fadd_rn(sc[v], ap[v]);
-      mx[v] = fmaxf(mx[v], own_s[k][v]);
-    }
+    for (int v = 0; v < VEC; ++v) own_s[k][v] = __fadd_rn(sc[v], ap[v]);
   }
-
-  // e_k and den = sum_k e_k, serial in slot order (previous half first).
-  float den[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) den[v] = 0.0f;
-  if (use_prev) {
-#pragma unroll
-    for (int k = 0; k < NPREV; ++k)
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        prev_s[k][v] = expf(__fsub_rn(prev_s[k][v], mx[v]));
-        den[v] = __fadd_rn(den[v], prev_s[k][v]);
-      }
-  }
-#pragma unroll
-  for (int k = 0; k < RATIO; ++k)
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      own_s[k][v] = expf(__fsub_rn(own_s[k][v], mx[v]));
-      den[v] = __fadd_rn(den[v], own_s[k][v]);
-    }
+  softmax_weights<NPREV, RATIO, VEC>(prev_s, own_s, use_prev);
 
   float acc[VEC];
 #pragma unroll
@@ -91,14 +64,12 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int k = 0; k < NPREV; ++k)
 #pragma unroll
-      for (int v = 0; v < VEC; ++v)
-        acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], div_rn_weight(prev_s[k][v], den[v])));
+      for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], prev_s[k][v]));
   }
 #pragma unroll
   for (int k = 0; k < RATIO; ++k)
 #pragma unroll
-    for (int v = 0; v < VEC; ++v)
-      acc[v] = __fadd_rn(acc[v], __fmul_rn(own_kv[k][v], div_rn_weight(own_s[k][v], den[v])));
+    for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(own_kv[k][v], own_s[k][v]));
   store_bf16<VEC>(p.out + row * HEAD_DIM + col, acc);
 }
 
@@ -163,70 +134,37 @@ __global__ void __launch_bounds__(TX* TY)
       const bool use_prev = COFF == 2 && !w.first;
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
+      const long long base = static_cast<long long>(w.t0) * W + col;
+      const csa_u16* score_own = p.score + base + OWN;
+      const csa_u16* kv_own = p.kv + base + OWN;
+      const csa_u16* score_prev = p.score + base - RATIO * W;
+      const csa_u16* kv_prev = p.kv + base - RATIO * W;
+      const float* ape = p.ape + col;
 
       float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
       float own_e[RATIO][VEC], own_kv[RATIO][VEC];
-      float mx[VEC];
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) mx[v] = neg_inf();
       if (use_prev) {
 #pragma unroll
         for (int k = 0; k < NPREV; ++k) {
           float sc[VEC], ap[VEC];
-          const int off = (w.t0 - RATIO + k) * W + col;
-          load_bf16<VEC>(p.score + off, sc);
-          load_bf16<VEC>(p.kv + off, prev_kv[k]);
-          load_f32<VEC>(p.ape + k * W + col, ap);
+          load_bf16<VEC>(score_prev + k * W, sc);
+          load_bf16<VEC>(kv_prev + k * W, prev_kv[k]);
+          load_f32<VEC>(ape + k * W, ap);
 #pragma unroll
-          for (int v = 0; v < VEC; ++v) {
-            prev_e[k][v] = __fadd_rn(sc[v], ap[v]);
-            mx[v] = fmaxf(mx[v], prev_e[k][v]);
-          }
+          for (int v = 0; v < VEC; ++v) prev_e[k][v] = __fadd_rn(sc[v], ap[v]);
         }
       }
 #pragma unroll
       for (int k = 0; k < RATIO; ++k) {
         float sc[VEC], ap[VEC];
-        const int off = (w.t0 + k) * W + OWN + col;
-        load_bf16<VEC>(p.score + off, sc);
-        load_bf16<VEC>(p.kv + off, own_kv[k]);
-        load_f32<VEC>(p.ape + k * W + OWN + col, ap);
+        load_bf16<VEC>(score_own + k * W, sc);
+        load_bf16<VEC>(kv_own + k * W, own_kv[k]);
+        load_f32<VEC>(ape + k * W + OWN, ap);
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          own_e[k][v] = __fadd_rn(sc[v], ap[v]);
-          mx[v] = fmaxf(mx[v], own_e[k][v]);
-        }
+        for (int v = 0; v < VEC; ++v) own_e[k][v] = __fadd_rn(sc[v], ap[v]);
       }
-      float den[VEC];
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) den[v] = 0.0f;
-      if (use_prev) {
-#pragma unroll
-        for (int k = 0; k < NPREV; ++k)
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) {
-            prev_e[k][v] = expf(__fsub_rn(prev_e[k][v], mx[v]));
-            den[v] = __fadd_rn(den[v], prev_e[k][v]);
-          }
-      }
-#pragma unroll
-      for (int k = 0; k < RATIO; ++k)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          own_e[k][v] = expf(__fsub_rn(own_e[k][v], mx[v]));
-          den[v] = __fadd_rn(den[v], own_e[k][v]);
-        }
-      // p_k replaces e_k in place.
-      if (use_prev) {
-#pragma unroll
-        for (int k = 0; k < NPREV; ++k)
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) prev_e[k][v] = div_rn_weight(prev_e[k][v], den[v]);
-      }
-#pragma unroll
-      for (int k = 0; k < RATIO; ++k)
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) own_e[k][v] = div_rn_weight(own_e[k][v], den[v]);
+      // p_k replaces s_k in place.
+      softmax_weights<NPREV, RATIO, VEC>(prev_e, own_e, use_prev);
 
       float S[VEC];
 #pragma unroll
@@ -245,7 +183,7 @@ __global__ void __launch_bounds__(TX* TY)
             gkv[v] = __fmul_rn(g[v], prev_e[k][v]);
             dape_prev[k][v] = __fadd_rn(dape_prev[k][v], gs[v]);
           }
-          const int off = (w.t0 - RATIO + k) * W + col;
+          const long long off = base - (RATIO - k) * W;
           store_bf16<VEC>(p.grad_kv + off, gkv);
           store_bf16<VEC>(p.grad_score + off, gs);
         }
@@ -260,7 +198,7 @@ __global__ void __launch_bounds__(TX* TY)
           gkv[v] = __fmul_rn(g[v], own_e[k][v]);
           dape_own[k][v] = __fadd_rn(dape_own[k][v], gs[v]);
         }
-        const int off = (w.t0 + k) * W + OWN + col;
+        const long long off = base + k * W + OWN;
         store_bf16<VEC>(p.grad_kv + off, gkv);
         store_bf16<VEC>(p.grad_score + off, gs);
       }
@@ -270,8 +208,8 @@ __global__ void __launch_bounds__(TX* TY)
         if (COFF == 2) {
 #pragma unroll
           for (int k = 0; k < RATIO; ++k) {
-            store_zero<VEC>(p.grad_kv + (w.t0 + k) * W + col);
-            store_zero<VEC>(p.grad_score + (w.t0 + k) * W + col);
+            store_zero<VEC>(p.grad_kv + base + k * W);
+            store_zero<VEC>(p.grad_score + base + k * W);
           }
         }
         const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);

@@ -27,6 +27,11 @@ start=$(date +%s)
 rc=$?
 summary+=("gpu tests: rc=$rc ($(($(date +%s) - start)) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
 
+# The atomic grad_ape variant (not the default) over the same correctness matrix.
+CSA_SHORT_WINDOW_SCHEDULE=fixed=0 "$build/tests/csa_gpu_tests" --gtest_filter='Configs/*:Gpu.NothingToPool*' \
+  >"$out/gpu_tests_atomic.log" 2>&1
+summary+=("gpu tests, atomic grad_ape: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_atomic.log" | tr '\n' ' ')")
+
 if command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/csa_gpu_tests" \
     --gtest_filter='Gpu.AdversarialOffsets*:Gpu.NothingToPool*:Gpu.Misaligned*' >"$out/memcheck.log" 2>&1

@@ -20,7 +20,7 @@ struct ShortWindowSchedule {
   int backward_tx = 64;  // threads along column vectors
   int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
   int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column
-  bool fixed_order_default = false;  // grad_ape without atomics even when not asked to
+  bool fixed_order_default = true;  // grad_ape without atomics even when not asked to
 
   std::string describe() const;
   bool operator==(const ShortWindowSchedule& o) const;
