@@ -15,6 +15,18 @@ TEST(ShortWindowSchedule, VectorisesEvenHeadDimsOnly) {
   EXPECT_EQ(schedule::select_short_window({16, 128, 2}).backward_vec, 1);  // wide window
 }
 
+TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
+  const auto s = schedule::select_short_window({4, 512, 2});
+  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, 1024), 2);
+  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, 6144), 4);
+  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, s.forward_wide_min_elements / 512 - 1), 2);
+  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, s.forward_wide_min_elements / 512 + 1), 4);
+  const auto odd = schedule::select_short_window({4, 65, 2});
+  EXPECT_EQ(schedule::forward_vec_for(odd, {4, 65, 2}, 1 << 20), 1);
+  const auto two = schedule::select_short_window({4, 6, 2});  // 6 % 4 != 0
+  EXPECT_EQ(schedule::forward_vec_for(two, {4, 6, 2}, 1 << 20), 2);
+}
+
 TEST(ShortWindowSchedule, BlocksStayWithinLimits) {
   for (int d : {1, 2, 65, 128, 512, 4095, 4096})
     for (int ratio : {1, 4, 16})
@@ -23,6 +35,7 @@ TEST(ShortWindowSchedule, BlocksStayWithinLimits) {
         EXPECT_LE(s.backward_tx * s.backward_ty, 1024);
         EXPECT_LE(s.backward_tx, d / s.backward_vec);
         EXPECT_EQ(d % s.forward_vec, 0);
+        EXPECT_EQ(d % s.forward_wide_vec, 0);
         EXPECT_EQ(d % s.backward_vec, 0);
       }
 }

@@ -48,7 +48,8 @@ ModuleSpec make_module_spec(const Config& c, Family family, const schedule::Shor
                     s.backward_tx, s.backward_ty),
         fmt::format("csa_kernel::short_window_backward<{},{},{},{},false>", shape, s.backward_vec,
                     s.backward_tx, s.backward_ty),
-        fmt::format("csa_kernel::ape_reduce<{}>", s.reduce_lanes)};
+        fmt::format("csa_kernel::ape_reduce<{}>", s.reduce_lanes),
+        fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape, s.forward_wide_vec, s.forward_threads)};
     label = fmt::format("short-r{}-c{}-d{}-{}", c.ratio, c.coff, c.head_dim, arch);
   }
   req.source_name = label + ".cu";

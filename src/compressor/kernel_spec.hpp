@@ -11,7 +11,14 @@
 namespace csa::compressor {
 
 // Kernel slots of a short-window module, in name-expression order.
-enum ShortWindowKernel : int { kSwForward = 0, kSwBackwardFixed, kSwBackwardAtomic, kSwApeReduce, kSwCount };
+enum ShortWindowKernel : int {
+  kSwForward = 0,
+  kSwBackwardFixed,
+  kSwBackwardAtomic,
+  kSwApeReduce,
+  kSwForwardWide,
+  kSwCount
+};
 // Kernel slots of a reference module.
 enum ReferenceKernel : int { kRefForward = 0, kRefBackwardRows, kRefBackwardZeros, kRefGradApe, kRefCount };
 

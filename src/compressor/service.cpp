@@ -231,10 +231,12 @@ void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
     launch::launch(driver(), p.kernel(kRefForward), shape, params, stream, "reference forward launch");
     return;
   }
-  const int ncv = a.config.head_dim / p.schedule.forward_vec;
+  const int vec = schedule::forward_vec_for(p.schedule, a.config, a.total_comp);
+  const int ncv = a.config.head_dim / vec;
   shape.block_x = static_cast<unsigned>(p.schedule.forward_threads);
   shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
-  launch::launch(driver(), p.kernel(kSwForward), shape, params, stream, "forward launch");
+  const int slot = vec == p.schedule.forward_vec ? kSwForward : kSwForwardWide;
+  launch::launch(driver(), p.kernel(slot), shape, params, stream, "forward launch");
 }
 
 void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {

@@ -8,9 +8,9 @@
 namespace csa::schedule {
 
 std::string ShortWindowSchedule::describe() const {
-  return fmt::format("fv={},ft={},bv={},tx={},ty={},lanes={},fixed={}", forward_vec,
-                     forward_threads, backward_vec, backward_tx, backward_ty, reduce_lanes,
-                     fixed_order_default ? 1 : 0);
+  return fmt::format("fv={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={}", forward_vec,
+                     forward_wide_vec, forward_wide_min_elements, forward_threads, backward_vec,
+                     backward_tx, backward_ty, reduce_lanes, fixed_order_default ? 1 : 0);
 }
 
 bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
@@ -37,6 +37,8 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
       fail(Status::kInvalidArgument, "schedule override '{}': value is not an integer", item);
     }
     if (key == "fv") s.forward_vec = value;
+    else if (key == "fwv") s.forward_wide_vec = value;
+    else if (key == "fwmin") s.forward_wide_min_elements = value;
     else if (key == "ft") s.forward_threads = value;
     else if (key == "bv") s.backward_vec = value;
     else if (key == "tx") s.backward_tx = value;
@@ -45,7 +47,7 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
     else fail(Status::kInvalidArgument, "schedule override: unknown field '{}'", key);
   }
   auto vec_ok = [&](int v) { return (v == 1 || v == 2 || v == 4 || v == 8) && c.head_dim % v == 0; };
-  if (!vec_ok(s.forward_vec) || !vec_ok(s.backward_vec)) {
+  if (!vec_ok(s.forward_vec) || !vec_ok(s.forward_wide_vec) || !vec_ok(s.backward_vec)) {
     fail(Status::kInvalidArgument, "schedule override: vector width must be 1, 2, 4 or 8 and divide head_dim {}", c.head_dim);
   }
   if (s.forward_threads < 32 || s.forward_threads > 1024 || s.backward_tx < 1 ||
@@ -61,6 +63,7 @@ ShortWindowSchedule select_short_window(const Config& c, const std::optional<std
   const bool even = c.head_dim % 2 == 0;
   const int window = c.coff * c.ratio;
   s.forward_vec = even ? 2 : 1;
+  s.forward_wide_vec = c.head_dim % 4 == 0 ? 4 : s.forward_vec;
   s.forward_threads = 256;
   // Backward keeps e, kv and grad_ape partials per slot: narrow vectors for wide windows.
   s.backward_vec = (even && window <= 16) ? 2 : 1;
@@ -85,6 +88,10 @@ int resident_ctas(const SmLimits& sm, int threads, int registers, int shared_byt
   ctas = std::min(ctas, sm.registers / (regs_per_warp * warps));
   if (shared_bytes > 0) ctas = std::min(ctas, sm.shared_bytes / (shared_bytes + 1024));
   return std::max(ctas, 1);
+}
+
+int forward_vec_for(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp) {
+  return total_comp * c.head_dim >= s.forward_wide_min_elements ? s.forward_wide_vec : s.forward_vec;
 }
 
 BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp,

@@ -16,6 +16,10 @@ inline constexpr int kShortWindowMaxRatio = 16;
 struct ShortWindowSchedule {
   int forward_vec = 2;        // bf16 columns per thread (1 for odd head_dim)
   int forward_threads = 256;  // threads per CTA, one (row, vector) each
+  // Large calls (total_comp * head_dim >= forward_wide_min_elements) use wider vectors: fewer
+  // threads, less per-row overhead. Small calls keep more threads in flight.
+  int forward_wide_vec = 2;
+  std::int64_t forward_wide_min_elements = 600000;
   int backward_vec = 2;
   int backward_tx = 64;  // threads along column vectors
   int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
@@ -26,7 +30,10 @@ struct ShortWindowSchedule {
   bool operator==(const ShortWindowSchedule& o) const;
 };
 
-// `override_spec`: "fv=4,ft=256,bv=2,tx=64,ty=4,fixed=1" fields replace the rule's choice
+// The forward vector width for a call with `total_comp` rows.
+int forward_vec_for(const ShortWindowSchedule& s, const Config& config, std::int64_t total_comp);
+
+// `override_spec`: "fv=4,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1" fields replace the rule's choice
 // (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument) on a bad field.
 ShortWindowSchedule select_short_window(const Config& config,
                                         const std::optional<std::string>& override_spec = {});
