@@ -8,7 +8,8 @@ namespace csa_kernel {
 // Block (32, LANES): lane y sums groups y, y+LANES, ... in order; the LANES partial sums are
 // then added in lane order.
 template <int LANES>
-__global__ void __launch_bounds__(32 * LANES) ape_reduce(const __grid_constant__ ApeReduceParams p) {
+__global__ void __launch_bounds__(32 * LANES)
+    ape_reduce(const __grid_constant__ ApeReduceParams p) {
   __shared__ float part[LANES][32];
   const int e = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
@@ -46,7 +47,8 @@ __global__ void check_offsets(const __grid_constant__ OffsetCheckParams p) {
     } else if (b > p.total_tokens) {
       bad = s + 1;
       rule = 3;
-    } else if (__ldg(p.cu_seqlens_comp + s + 1) - __ldg(p.cu_seqlens_comp + s) != (b - a) / p.ratio) {
+    } else if (__ldg(p.cu_seqlens_comp + s + 1) - __ldg(p.cu_seqlens_comp + s) !=
+               (b - a) / p.ratio) {
       bad = s + 1;
       rule = 4;
     } else if (__ldg(p.cu_seqlens_comp + s + 1) > p.total_comp) {

@@ -22,7 +22,9 @@ __device__ __forceinline__ unsigned short f32_to_bf16(float f) {
 // remainder, correction); it is correctly rounded while no operand, remainder or quotient
 // leaves the normal range. softmax_weights() checks that once per column (den in [1, 2^24],
 // every weight 0 or >= e^-41 > 2^-60) and otherwise divides with the exact slow path.
-__device__ __noinline__ float div_rn_slow(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __noinline__ float div_rn_slow(float a, float b) {
+  return __fdiv_rn(a, b);
+}
 
 __device__ __forceinline__ float refined_reciprocal(float b) {
   float r;
@@ -35,7 +37,9 @@ __device__ __forceinline__ float div_rn_fast(float a, float b, float r) {
   return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
 }
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float neg_inf() {
+  return __int_as_float(0xff800000);
+}
 
 // VEC adjacent bf16 values <-> fp32 registers with one access of 2*VEC bytes.
 template <int VEC>

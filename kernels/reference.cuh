@@ -36,7 +36,8 @@ struct ReferenceWindow {
     return k < RATIO ? k * W + j : (k - RATIO) * W + HEAD_DIM + j;
   }
   __device__ float s(const ForwardParams& p, int k, int j) const {
-    return valid(k) ? __fadd_rn(bf16_to_f32(p.score[offset(k, j)]), p.ape[ape_index(k, j)]) : neg_inf();
+    return valid(k) ? __fadd_rn(bf16_to_f32(p.score[offset(k, j)]), p.ape[ape_index(k, j)])
+                    : neg_inf();
   }
   __device__ float kv(const unsigned short* kvp, int k, int j) const {
     return valid(k) ? bf16_to_f32(kvp[offset(k, j)]) : 0.0f;
@@ -64,7 +65,8 @@ __global__ void reference_forward(const __grid_constant__ ForwardParams p) {
   if (gid >= static_cast<long long>(p.total_comp) * HEAD_DIM) return;
   const int row = static_cast<int>(gid / HEAD_DIM);
   const int j = static_cast<int>(gid % HEAD_DIM);
-  const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, row);
+  const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
+                                                 row);
   float prob[COFF * RATIO];
   reference_weights(w, p, j, prob);
   float acc = 0.0f;
@@ -95,7 +97,8 @@ __device__ void reference_slot_grads(const ReferenceWindow<RATIO, COFF, HEAD_DIM
   constexpr int SLOTS = COFF * RATIO;
   reference_weights(w, f, j, prob);
   float S = 0.0f;
-  for (int k = 0; k < SLOTS; ++k) S = __fadd_rn(S, __fmul_rn(__fmul_rn(g, w.kv(f.kv, k, j)), prob[k]));
+  for (int k = 0; k < SLOTS; ++k)
+    S = __fadd_rn(S, __fmul_rn(__fmul_rn(g, w.kv(f.kv, k, j)), prob[k]));
   for (int k = 0; k < SLOTS; ++k)
     ds[k] = __fmaf_rn(prob[k], -S, __fmul_rn(__fmul_rn(g, w.kv(f.kv, k, j)), prob[k]));
 }
@@ -103,12 +106,14 @@ __device__ void reference_slot_grads(const ReferenceWindow<RATIO, COFF, HEAD_DIM
 template <int RATIO, int COFF, int HEAD_DIM>
 __global__ void reference_backward_rows(const __grid_constant__ BackwardParams p) {
   const long long gid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int rows_valid = p.num_segments > 0 ? min(p.cu_seqlens_comp[p.num_segments], p.total_comp) : 0;
+  const int rows_valid =
+      p.num_segments > 0 ? min(p.cu_seqlens_comp[p.num_segments], p.total_comp) : 0;
   if (gid >= static_cast<long long>(rows_valid) * HEAD_DIM) return;
   const int row = static_cast<int>(gid / HEAD_DIM);
   const int j = static_cast<int>(gid % HEAD_DIM);
   const ForwardParams f = forward_view(p);
-  const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, row);
+  const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
+                                                 row);
   const float g = bf16_to_f32(p.grad_out[row * HEAD_DIM + j]);
   float prob[COFF * RATIO], ds[COFF * RATIO];
   reference_slot_grads(w, f, g, j, prob, ds);
@@ -154,10 +159,12 @@ __global__ void reference_grad_ape(const __grid_constant__ BackwardParams p) {
   const int slot = (COFF == 2 && c >= HEAD_DIM) ? RATIO + a : a;
   const int j = (COFF == 2 && c >= HEAD_DIM) ? c - HEAD_DIM : c;
   const ForwardParams f = forward_view(p);
-  const int rows_valid = p.num_segments > 0 ? min(p.cu_seqlens_comp[p.num_segments], p.total_comp) : 0;
+  const int rows_valid =
+      p.num_segments > 0 ? min(p.cu_seqlens_comp[p.num_segments], p.total_comp) : 0;
   float sum = 0.0f;
   for (int row = 0; row < rows_valid; ++row) {
-    const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, row);
+    const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
+                                                   row);
     if (!w.valid(slot)) continue;
     const float g = bf16_to_f32(p.grad_out[row * HEAD_DIM + j]);
     float prob[COFF * RATIO], ds[COFF * RATIO];

@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(THREADS)
 #pragma unroll
     for (int k = 0; k < NPREV; ++k)
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], prev_s[k][v]));
+      for (int v = 0; v < VEC; ++v)
+        acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], prev_s[k][v]));
   }
 #pragma unroll
   for (int k = 0; k < RATIO; ++k)
@@ -96,7 +97,8 @@ __device__ __forceinline__ void accumulate_dot(const float (&g)[VEC], const floa
 #pragma unroll
   for (int k = 0; k < N; ++k)
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) S[v] = __fadd_rn(S[v], __fmul_rn(__fmul_rn(g[v], kv[k][v]), pr[k][v]));
+    for (int v = 0; v < VEC; ++v)
+      S[v] = __fadd_rn(S[v], __fmul_rn(__fmul_rn(g[v], kv[k][v]), pr[k][v]));
 }
 
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
@@ -213,7 +215,8 @@ __global__ void __launch_bounds__(TX* TY)
           }
         }
         const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
-        for (int t = w.t0 + RATIO; t < tail_end; ++t) zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
+        for (int t = w.t0 + RATIO; t < tail_end; ++t)
+          zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
       }
     }
 
@@ -223,9 +226,10 @@ __global__ void __launch_bounds__(TX* TY)
     for (int s = blockIdx.y; s < p.num_segments; s += groups) {
       if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
       const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
-      const int t_end = clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin,
-                                  min(p.total_tokens, t_begin + RATIO - 1));
-      for (int t = t_begin + ty; t < t_end; t += TY) zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
+      const int t_end =
+          clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin, min(p.total_tokens, t_begin + RATIO - 1));
+      for (int t = t_begin + ty; t < t_end; t += TY)
+        zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
     }
     const int used =
         p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
@@ -247,7 +251,8 @@ __global__ void __launch_bounds__(TX* TY)
           for (int k = 0; k < RATIO; ++k) fold[ty - 1][k * VEC + v][tx] = dape_prev[k][v];
         }
 #pragma unroll
-        for (int k = 0; k < RATIO; ++k) fold[ty - 1][(SLOTS - RATIO + k) * VEC + v][tx] = dape_own[k][v];
+        for (int k = 0; k < RATIO; ++k)
+          fold[ty - 1][(SLOTS - RATIO + k) * VEC + v][tx] = dape_own[k][v];
       }
     }
     __syncthreads();
@@ -268,7 +273,8 @@ __global__ void __launch_bounds__(TX* TY)
     }
   }
   if (ty != 0 || !active) return;
-  float* dst = FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
+  float* dst =
+      FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
     if constexpr (COFF == 2) {

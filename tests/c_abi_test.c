@@ -6,12 +6,12 @@
 #include "csa/csa.h"
 
 static int failures = 0;
-#define CHECK(cond)                                            \
-  do {                                                         \
-    if (!(cond)) {                                             \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                              \
-    }                                                          \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
 
 int main(void) {
@@ -27,7 +27,8 @@ int main(void) {
   CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(csa_last_error(), "coff") != NULL);
 
-  rc = csa_compressor_forward((const char*)data + 2, data, ape, cu, cuc, data, 16, 1, 4, 4, 8, 2, NULL);
+  rc = csa_compressor_forward((const char*)data + 2, data, ape, cu, cuc, data, 16, 1, 4, 4, 8, 2,
+                              NULL);
   CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
   CHECK(strstr(csa_last_error(), "aligned") != NULL);
 

@@ -141,7 +141,7 @@ void damage_and_expect_rebuild(const std::function<void(const fs::path&)>& damag
   EXPECT_TRUE(r.compiled) << "a damaged entry must be rebuilt";
   EXPECT_NE(log.find("discarding cache entry"), std::string::npos) << log;
   ASSERT_EQ(files_with(dir.path(), ".cubin").size(), 1u);
-  EXPECT_EQ(fs::file_size(entries[0]), good_size);
+  EXPECT_EQ(fs::file_size(entries[0]), good_size);  // entries are reproducible byte for byte
   EXPECT_FALSE(Runtime(options_for(dir.path())).compile_for_arch(kConfig, "sm_90").compiled);
 }
 
@@ -246,7 +246,8 @@ TEST(OnceMap, ComputesOncePerKeyUnderContention) {
 
 TEST(OnceMap, FailureIsNotKept) {
   cache::OnceMap<int> map;
-  EXPECT_THROW(map.get_or_create("k", []() -> int { throw std::runtime_error("boom"); }), std::runtime_error);
+  EXPECT_THROW(map.get_or_create("k", []() -> int { throw std::runtime_error("boom"); }),
+               std::runtime_error);
   EXPECT_EQ(map.get_or_create("k", [] { return 3; }), 3);
 }
 

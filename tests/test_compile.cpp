@@ -46,16 +46,16 @@ TEST(NvrtcCompile, EveryShippedShortWindowConfigurationWithoutLocalMemory) {
   auto worker = [&] {
     for (std::size_t i = next++; i < jobs.size(); i = next++) {
       const auto& j = jobs[i];
-      const std::string what = fmt::format("{} ratio={} coff={} head_dim={}", j.arch, j.config.ratio, j.config.coff,
-                                           j.config.head_dim);
+      const std::string what = fmt::format("{} ratio={} coff={} head_dim={}", j.arch,
+                                           j.config.ratio, j.config.coff, j.config.head_dim);
       try {
         const PrewarmReport r = rt.compile_for_arch(j.config, j.arch);
         std::lock_guard<std::mutex> lock(mutex);
         max_registers = std::max(max_registers, r.max_registers);
         if (r.max_registers <= 0) failures.push_back(what + ": no ptxas report");
         if (r.spill_bytes != 0 || r.stack_bytes != 0) {
-          failures.push_back(fmt::format("{}: spill {} B, stack {} B\n{}", what, r.spill_bytes, r.stack_bytes,
-                                         r.ptxas_log));
+          failures.push_back(fmt::format("{}: spill {} B, stack {} B\n{}", what, r.spill_bytes,
+                                         r.stack_bytes, r.ptxas_log));
         }
       } catch (const Error& e) {
         std::lock_guard<std::mutex> lock(mutex);

@@ -20,7 +20,8 @@ TEST(LibraryDependencies, NoDriverFmtOrSpdlog) {
   ASSERT_EQ(::pclose(pipe), 0) << command;
   ASSERT_FALSE(needed.empty()) << "readelf printed no NEEDED entries";
   EXPECT_NE(needed.find("libnvrtc"), std::string::npos) << needed;
-  for (const char* banned : {"libcuda", "libcudart", "libfmt", "libspdlog", "libxxhash", "libnlohmann"}) {
+  for (const char* banned :
+       {"libcuda", "libcudart", "libfmt", "libspdlog", "libxxhash", "libnlohmann"}) {
     EXPECT_EQ(needed.find(banned), std::string::npos) << banned << " in\n" << needed;
   }
 }

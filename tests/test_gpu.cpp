@@ -104,7 +104,8 @@ struct DeviceProblem {
     std::vector<float> ape;
   };
   // `poison`: byte written to grad_kv / grad_score first; `ape_preset`: grad_ape before the call.
-  Grads backward(Family family, std::uint32_t flags, std::uint8_t poison, const std::vector<float>& ape_preset) {
+  Grads backward(Family family, std::uint32_t flags, std::uint8_t poison,
+                 const std::vector<float>& ape_preset) {
     grad_kv.fill(poison);
     grad_score.fill(poison);
     grad_ape.upload(ape_preset.data(), grad_ape.size());
@@ -124,7 +125,9 @@ struct DeviceProblem {
   device::Buffer kv, score, ape, cu, cuc, out, grad_out, grad_kv, grad_score, grad_ape;
 };
 
-std::vector<float> nan_ape(const Problem& p) { return std::vector<float>(p.ape.size(), std::nanf("")); }
+std::vector<float> nan_ape(const Problem& p) {
+  return std::vector<float>(p.ape.size(), std::nanf(""));
+}
 
 class GpuEnvironment : public ::testing::Environment {
  public:
@@ -175,7 +178,8 @@ TEST_F(Gpu, PrewarmEveryTestedConfiguration) {
     }
   };
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
+    threads.emplace_back(worker);
   for (auto& t : threads) t.join();
   for (const auto& e : errors) ADD_FAILURE() << e;
 }
@@ -187,7 +191,9 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
   const Config config{ratio, head_dim, coff};
   int pack_index = 0;
   for (const auto& pack : packs()) {
-    const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(ratio * 1000 + coff * 100 + head_dim) * 7 + pack_index++;
+    const std::uint64_t seed =
+        base_seed() + static_cast<std::uint64_t>(ratio * 1000 + coff * 100 + head_dim) * 7 +
+        pack_index++;
     const Problem p = make_problem(config, pack.lens, kExtraTokens, kExtraRows, seed);
     SCOPED_TRACE(std::string(pack.name) + ": " + p.describe());
     DeviceProblem dev(p);
@@ -211,7 +217,8 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
       CpuGrads g{std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
                  std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
                  std::vector<float>(p.ape.size())};
-      reference::backward_fp32(p.host(), p.grad_out.data(), g.kv.data(), g.score.data(), g.ape.data());
+      reference::backward_fp32(p.host(), p.grad_out.data(), g.kv.data(), g.score.data(),
+                               g.ape.data());
       return g;
     });
     struct Oracle {
@@ -219,16 +226,20 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
     };
     auto cpu_bwd64 = std::async(std::launch::async, [&] {
       Oracle o{std::vector<double>(static_cast<std::size_t>(p.token_elems())),
-               std::vector<double>(static_cast<std::size_t>(p.token_elems())), std::vector<double>(p.ape.size())};
-      reference::backward_fp64(p.host(), p.grad_out.data(), o.kv.data(), o.score.data(), o.ape.data());
+               std::vector<double>(static_cast<std::size_t>(p.token_elems())),
+               std::vector<double>(p.ape.size())};
+      reference::backward_fp64(p.host(), p.grad_out.data(), o.kv.data(), o.score.data(),
+                               o.ape.data());
       return o;
     });
 
     // Forward: every element written, bitwise equal to the GPU reference, stable over 3 runs.
     const auto out = dev.forward(Family::kAuto);
-    for (std::size_t i = 0; i < out.size(); ++i) ASSERT_NE(out[i], 0xffff) << "out[" << i << "] not written";
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_NE(out[i], 0xffff) << "out[" << i << "] not written";
     const auto out_ref = dev.forward(Family::kReference);
-    ASSERT_EQ(first_difference(out.data(), out_ref.data(), out.size() * 2, 2), static_cast<std::size_t>(-1))
+    ASSERT_EQ(first_difference(out.data(), out_ref.data(), out.size() * 2, 2),
+              static_cast<std::size_t>(-1))
         << "out differs from the GPU reference";
     ASSERT_EQ(dev.forward(Family::kAuto), out);
     ASSERT_EQ(dev.forward(Family::kAuto), out);
@@ -240,7 +251,8 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
       ASSERT_NE(g.score[i], 0xffff) << "grad_score[" << i << "] not written";
     }
     for (float v : g.ape) ASSERT_FALSE(std::isnan(v)) << "grad_ape not overwritten";
-    const auto g_zeroed = dev.backward(Family::kAuto, 0, 0x00, std::vector<float>(p.ape.size(), 0.0f));
+    const auto g_zeroed =
+        dev.backward(Family::kAuto, 0, 0x00, std::vector<float>(p.ape.size(), 0.0f));
     ASSERT_EQ(g_zeroed.kv, g.kv) << "grad_kv depends on the buffer's prior content";
     ASSERT_EQ(g_zeroed.score, g.score) << "grad_score depends on the buffer's prior content";
     const auto mask = consumed_mask(p);
@@ -251,11 +263,14 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
       }
     }
     const auto g_ref = dev.backward(Family::kReference, 0, 0xff, nan_ape(p));
-    ASSERT_EQ(first_difference(g.kv.data(), g_ref.kv.data(), g.kv.size() * 2, 2), static_cast<std::size_t>(-1))
+    ASSERT_EQ(first_difference(g.kv.data(), g_ref.kv.data(), g.kv.size() * 2, 2),
+              static_cast<std::size_t>(-1))
         << "grad_kv differs from the GPU reference";
-    ASSERT_EQ(first_difference(g.score.data(), g_ref.score.data(), g.score.size() * 2, 2), static_cast<std::size_t>(-1))
+    ASSERT_EQ(first_difference(g.score.data(), g_ref.score.data(), g.score.size() * 2, 2),
+              static_cast<std::size_t>(-1))
         << "grad_score differs from the GPU reference";
-    for (std::size_t i = 0; i < g.ape.size(); ++i) ASSERT_NEAR(g.ape[i], g_ref.ape[i], 1e-3) << "grad_ape[" << i << "]";
+    for (std::size_t i = 0; i < g.ape.size(); ++i)
+      ASSERT_NEAR(g.ape[i], g_ref.ape[i], 1e-3) << "grad_ape[" << i << "]";
     for (int run = 0; run < 2; ++run) {
       const auto again = dev.backward(Family::kAuto, 0, 0xff, nan_ape(p));
       ASSERT_EQ(again.kv, g.kv);
@@ -268,16 +283,20 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
     ASSERT_EQ(d1.score, g.score);
     for (int run = 0; run < 2; ++run) {
       const auto again = dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p));
-      ASSERT_EQ(first_difference(again.ape.data(), d1.ape.data(), d1.ape.size() * 4, 4), static_cast<std::size_t>(-1))
+      ASSERT_EQ(first_difference(again.ape.data(), d1.ape.data(), d1.ape.size() * 4, 4),
+                static_cast<std::size_t>(-1))
           << "deterministic grad_ape changed between runs";
     }
     for (std::size_t i = 0; i < g.ape.size(); ++i) ASSERT_NEAR(d1.ape[i], g.ape[i], 1e-3);
     std::vector<float> preset(p.ape.size());
     for (std::size_t i = 0; i < preset.size(); ++i) preset[i] = 0.5f + static_cast<float>(i % 7);
-    const auto acc_det = dev.backward(Family::kAuto, kDeterministic | kAccumulateGradApe, 0xff, preset);
-    for (std::size_t i = 0; i < preset.size(); ++i) ASSERT_EQ(acc_det.ape[i], preset[i] + d1.ape[i]) << i;
+    const auto acc_det =
+        dev.backward(Family::kAuto, kDeterministic | kAccumulateGradApe, 0xff, preset);
+    for (std::size_t i = 0; i < preset.size(); ++i)
+      ASSERT_EQ(acc_det.ape[i], preset[i] + d1.ape[i]) << i;
     const auto acc = dev.backward(Family::kAuto, kAccumulateGradApe, 0xff, preset);
-    for (std::size_t i = 0; i < preset.size(); ++i) ASSERT_NEAR(acc.ape[i], preset[i] + g.ape[i], 1e-3) << i;
+    for (std::size_t i = 0; i < preset.size(); ++i)
+      ASSERT_NEAR(acc.ape[i], preset[i] + g.ape[i], 1e-3) << i;
     ASSERT_EQ(acc.kv, g.kv);
 
     // Padding rows all repeat block 0 from token 0: bitwise equal to each other. The CPU
@@ -286,11 +305,15 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
     const auto valid_rows = static_cast<std::size_t>(p.cuc.back());
     const auto d = static_cast<std::size_t>(head_dim);
     for (std::size_t row = valid_rows + 1; row < static_cast<std::size_t>(p.total_comp); ++row) {
-      ASSERT_TRUE(std::equal(out.begin() + row * d, out.begin() + (row + 1) * d, out.begin() + valid_rows * d))
+      ASSERT_TRUE(std::equal(out.begin() + row * d, out.begin() + (row + 1) * d,
+                             out.begin() + valid_rows * d))
           << "padding row " << row << " differs from padding row " << valid_rows;
     }
     const std::size_t distinct = (valid_rows + (p.total_comp > p.cuc.back() ? 1 : 0)) * d;
-    auto head = [distinct](const auto& v) { return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin(), v.begin() + distinct); };
+    auto head = [distinct](const auto& v) {
+      return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin(),
+                                                                         v.begin() + distinct);
+    };
 
     // CPU fp32 reference (tolerance contract) and fp64 oracle (parity).
     const auto out_cpu = cpu_fwd.get();
@@ -300,19 +323,23 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
     auto bf = [](std::uint16_t v) { return bf16_value(v); };
     auto f32 = [](float v) { return static_cast<double>(v); };
     for (const std::string& failure :
-         {tolerance_failure(head(out), head(out_cpu), "out"), tolerance_failure(g.kv, grads_cpu.kv, "grad_kv"),
+         {tolerance_failure(head(out), head(out_cpu), "out"),
+          tolerance_failure(g.kv, grads_cpu.kv, "grad_kv"),
           tolerance_failure(g.score, grads_cpu.score, "grad_score"),
-          parity_failure(out, out_cpu, out64, bf, "out"), parity_failure(g.kv, grads_cpu.kv, oracle.kv, bf, "grad_kv"),
+          parity_failure(out, out_cpu, out64, bf, "out"),
+          parity_failure(g.kv, grads_cpu.kv, oracle.kv, bf, "grad_kv"),
           parity_failure(g.score, grads_cpu.score, oracle.score, bf, "grad_score"),
           parity_failure(d1.ape, grads_cpu.ape, oracle.ape, f32, "grad_ape")}) {
       EXPECT_TRUE(failure.empty()) << failure;
     }
-    for (std::size_t i = 0; i < g.ape.size(); ++i) EXPECT_NEAR(g.ape[i], grads_cpu.ape[i], 1e-3) << "grad_ape[" << i << "]";
+    for (std::size_t i = 0; i < g.ape.size(); ++i)
+      EXPECT_NEAR(g.ape[i], grads_cpu.ape[i], 1e-3) << "grad_ape[" << i << "]";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, ShortWindow,
-                         ::testing::Combine(::testing::Values(1, 2, 4, 8, 16), ::testing::Values(1, 2),
+                         ::testing::Combine(::testing::Values(1, 2, 4, 8, 16),
+                                            ::testing::Values(1, 2),
                                             ::testing::Values(65, 128, 512)),
                          [](const auto& param_info) {
                            return "r" + std::to_string(std::get<0>(param_info.param)) + "_c" +
@@ -366,15 +393,15 @@ TEST_F(Gpu, MisalignedDevicePointersAreRejectedAndOutputsUntouched) {
 // compute-sanitizer memcheck), and check_offsets names the first bad entry.
 TEST_F(Gpu, AdversarialOffsetsStayInBounds) {
   const std::vector<std::vector<std::int32_t>> bad_cu = {
-      {0, 900, 100, 2000},           // non-monotonic
-      {0, 512, 4096, 1 << 30},       // beyond total_tokens
-      {-77, 16, 300, 1000},          // negative start
+      {0, 900, 100, 2000},      // non-monotonic
+      {0, 512, 4096, 1 << 30},  // beyond total_tokens
+      {-77, 16, 300, 1000},     // negative start
       {0, 1000, 1000, 1000}};
   const std::vector<std::vector<std::int32_t>> bad_cuc = {
-      {0, 300, 10, 500},             // inconsistent, non-monotonic
-      {0, 128, 1 << 28, 1 << 29},    // beyond total_comp
-      {5, 4, 90, -3},                // garbage
-      {0, 250, 250, 250}};           // consistent with cu
+      {0, 300, 10, 500},           // inconsistent, non-monotonic
+      {0, 128, 1 << 28, 1 << 29},  // beyond total_comp
+      {5, 4, 90, -3},              // garbage
+      {0, 250, 250, 250}};         // consistent with cu
   for (int coff : {1, 2})
     for (int ratio : {1, 4, 16}) {
       Problem p = make_problem({ratio, 64, coff}, {400, 300, 300}, 24, 40, base_seed() + ratio);
@@ -386,8 +413,9 @@ TEST_F(Gpu, AdversarialOffsetsStayInBounds) {
         EXPECT_NO_THROW(dev.forward(Family::kAuto));
         EXPECT_NO_THROW(dev.backward(Family::kAuto, 0, 0xff, nan_ape(p)));
         EXPECT_NO_THROW(dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p)));
-        const OffsetReport r = g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(),
-                                                        p.segments(), p.total_tokens, p.total_comp, ratio, nullptr);
+        const OffsetReport r =
+            g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(),
+                                     p.segments(), p.total_tokens, p.total_comp, ratio, nullptr);
         EXPECT_FALSE(r.ok && k < 3) << "offset set " << k << " passed the device check";
         if (!r.ok) {
           EXPECT_FALSE(r.message.empty());
@@ -399,8 +427,9 @@ TEST_F(Gpu, AdversarialOffsetsStayInBounds) {
 TEST_F(Gpu, CheckOffsetsAcceptsValidOffsets) {
   const Problem p = make_problem({4, 64, 2}, {64, 0, 253, 3}, 21, 8, base_seed());
   DeviceProblem dev(p);
-  const OffsetReport r = g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(), p.segments(),
-                                                  p.total_tokens, p.total_comp, 4, nullptr);
+  const OffsetReport r =
+      g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(), p.segments(),
+                               p.total_tokens, p.total_comp, 4, nullptr);
   EXPECT_TRUE(r.ok) << r.message;
 }
 

@@ -9,7 +9,8 @@ namespace {
 using reference::bf16_to_float;
 using reference::float_to_bf16;
 
-Problem tiny(const Config& c, std::vector<std::int32_t> lens, std::vector<float> kv, std::int64_t extra_rows = 0) {
+Problem tiny(const Config& c, std::vector<std::int32_t> lens, std::vector<float> kv,
+             std::int64_t extra_rows = 0) {
   Problem p = make_problem(c, lens, 0, extra_rows, 1);
   for (std::size_t i = 0; i < p.kv.size(); ++i) p.kv[i] = float_to_bf16(kv[i]);
   std::fill(p.score.begin(), p.score.end(), float_to_bf16(0.0f));  // uniform softmax: exact weights
@@ -55,9 +56,10 @@ TEST(ReferenceTiny, OverlapWindowCoff2FirstBlockRuleAndPadding) {
   Problem p = tiny({2, 1, 2}, {4}, {10, 1, 20, 2, 30, 3, 40, 4}, 2);
   std::vector<std::uint16_t> out(4);
   reference::forward_fp32(p.host(), out.data());
-  EXPECT_EQ(bf16_to_float(out[0]), 1.5f);                    // block 0: own half only
-  EXPECT_EQ(bf16_to_float(out[1]), (10 + 20 + 3 + 4) / 4.f);  // previous first halves + own second halves
-  EXPECT_EQ(out[2], out[0]);                                 // padding rows = block 0 from token 0
+  EXPECT_EQ(bf16_to_float(out[0]), 1.5f);  // block 0: own half only
+  EXPECT_EQ(bf16_to_float(out[1]),
+            (10 + 20 + 3 + 4) / 4.f);  // previous first halves + own second halves
+  EXPECT_EQ(out[2], out[0]);           // padding rows = block 0 from token 0
   EXPECT_EQ(out[3], out[0]);
 
   p.grad_out = {float_to_bf16(1.0f), float_to_bf16(1.0f), float_to_bf16(5.0f), float_to_bf16(5.0f)};
@@ -93,7 +95,8 @@ TEST(ReferenceTiny, ShortSegmentsGetNoRowsAndZeroGradients) {
 TEST(ReferenceTiny, AccumulateAddsIntoGradApe) {
   Problem p = make_problem({2, 4, 2}, {16}, 0, 0, 3);
   std::vector<std::uint16_t> gkv(static_cast<std::size_t>(p.token_elems())), gs(gkv);
-  std::vector<float> fresh(static_cast<std::size_t>(p.ape_elems()), 123.0f), acc(fresh.size(), 2.0f);
+  std::vector<float> fresh(static_cast<std::size_t>(p.ape_elems()), 123.0f),
+      acc(fresh.size(), 2.0f);
   reference::backward_fp32(p.host(), p.grad_out.data(), gkv.data(), gs.data(), fresh.data());
   reference::backward_fp32(p.host(), p.grad_out.data(), gkv.data(), gs.data(), acc.data(), true);
   for (std::size_t i = 0; i < fresh.size(); ++i) EXPECT_EQ(acc[i], 2.0f + fresh[i]);
@@ -103,7 +106,8 @@ class ReferenceVsOracle : public ::testing::TestWithParam<std::tuple<int, int, i
 
 TEST_P(ReferenceVsOracle, Fp32ReferenceTracksFp64) {
   const auto [ratio, coff, head_dim] = GetParam();
-  Problem p = make_problem({ratio, head_dim, coff}, {37, 0, 64, 5, 19}, 7, 3, base_seed() + ratio * 100 + coff);
+  Problem p = make_problem({ratio, head_dim, coff}, {37, 0, 64, 5, 19}, 7, 3,
+                           base_seed() + ratio * 100 + coff);
   SCOPED_TRACE(p.describe());
   std::vector<std::uint16_t> out(static_cast<std::size_t>(p.comp_elems()));
   std::vector<double> oracle(out.size());
@@ -111,7 +115,9 @@ TEST_P(ReferenceVsOracle, Fp32ReferenceTracksFp64) {
   reference::forward_fp64(p.host(), oracle.data());
   for (std::size_t i = 0; i < out.size(); ++i) {
     // One bf16 rounding (2^-9 relative) plus fp32 arithmetic.
-    ASSERT_LE(std::fabs(bf16_to_float(out[i]) - oracle[i]), std::ldexp(std::fabs(oracle[i]), -8) + 1e-6) << i;
+    ASSERT_LE(std::fabs(bf16_to_float(out[i]) - oracle[i]),
+              std::ldexp(std::fabs(oracle[i]), -8) + 1e-6)
+        << i;
   }
   const auto n = static_cast<std::size_t>(p.token_elems());
   std::vector<std::uint16_t> gkv(n), gs(n);
@@ -120,8 +126,11 @@ TEST_P(ReferenceVsOracle, Fp32ReferenceTracksFp64) {
   reference::backward_fp32(p.host(), p.grad_out.data(), gkv.data(), gs.data(), gape.data());
   reference::backward_fp64(p.host(), p.grad_out.data(), gkv64.data(), gs64.data(), gape64.data());
   for (std::size_t i = 0; i < n; ++i) {
-    ASSERT_LE(std::fabs(bf16_to_float(gkv[i]) - gkv64[i]), std::ldexp(std::fabs(gkv64[i]), -8) + 1e-6) << i;
-    ASSERT_LE(std::fabs(bf16_to_float(gs[i]) - gs64[i]), std::ldexp(std::fabs(gs64[i]), -8) + 1e-5) << i;
+    ASSERT_LE(std::fabs(bf16_to_float(gkv[i]) - gkv64[i]),
+              std::ldexp(std::fabs(gkv64[i]), -8) + 1e-6)
+        << i;
+    ASSERT_LE(std::fabs(bf16_to_float(gs[i]) - gs64[i]), std::ldexp(std::fabs(gs64[i]), -8) + 1e-5)
+        << i;
   }
   for (std::size_t i = 0; i < gape.size(); ++i) ASSERT_NEAR(gape[i], gape64[i], 1e-4) << i;
 }

@@ -55,15 +55,16 @@ TEST(ShortWindowSchedule, BackwardGridCoversEveryRow) {
 
 TEST(ShortWindowSchedule, ResidentCtasFollowTheTightestLimit) {
   const schedule::SmLimits h100;  // 64K registers, 2048 threads, 32 CTAs, 228 KB
-  EXPECT_EQ(schedule::resident_ctas(h100, 256, 32, 0), 8);   // threads
-  EXPECT_EQ(schedule::resident_ctas(h100, 256, 80, 0), 3);   // registers: 80*256 = 20480
+  EXPECT_EQ(schedule::resident_ctas(h100, 256, 32, 0), 8);  // threads
+  EXPECT_EQ(schedule::resident_ctas(h100, 256, 80, 0), 3);  // registers: 80*256 = 20480
   EXPECT_EQ(schedule::resident_ctas(h100, 256, 255, 0), 1);
-  EXPECT_EQ(schedule::resident_ctas(h100, 64, 16, 0), 32);   // CTA slots
+  EXPECT_EQ(schedule::resident_ctas(h100, 64, 16, 0), 32);       // CTA slots
   EXPECT_EQ(schedule::resident_ctas(h100, 128, 32, 100000), 2);  // shared memory
 }
 
 TEST(ShortWindowSchedule, OverrideIsValidated) {
-  const auto s = schedule::select_short_window({4, 128, 2}, std::string("fv=4,bv=1,tx=32,ty=8,fixed=1"));
+  const auto s =
+      schedule::select_short_window({4, 128, 2}, std::string("fv=4,bv=1,tx=32,ty=8,fixed=1"));
   EXPECT_EQ(s.forward_vec, 4);
   EXPECT_EQ(s.backward_vec, 1);
   EXPECT_EQ(s.backward_tx, 32);

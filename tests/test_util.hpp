@@ -18,8 +18,10 @@ namespace csa::test {
 // A fresh seed per process run unless CSA_TEST_SEED fixes it; printed on failure via SCOPED_TRACE.
 inline std::uint64_t base_seed() {
   static const std::uint64_t seed = [] {
-    if (const char* s = std::getenv("CSA_TEST_SEED")) return static_cast<std::uint64_t>(std::strtoull(s, nullptr, 10));
-    return static_cast<std::uint64_t>(std::random_device{}()) ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
+    if (const char* s = std::getenv("CSA_TEST_SEED"))
+      return static_cast<std::uint64_t>(std::strtoull(s, nullptr, 10));
+    return static_cast<std::uint64_t>(std::random_device{}()) ^
+           (static_cast<std::uint64_t>(std::random_device{}()) << 32);
   }();
   return seed;
 }
@@ -57,14 +59,16 @@ struct Problem {
     std::string l;
     for (auto x : lens) l += (l.empty() ? "" : ",") + std::to_string(x);
     return "ratio=" + std::to_string(config.ratio) + " coff=" + std::to_string(config.coff) +
-           " head_dim=" + std::to_string(config.head_dim) + " lens=[" + l + "] capacity tokens=" +
-           std::to_string(total_tokens) + " rows=" + std::to_string(total_comp) + " seed=" + std::to_string(seed);
+           " head_dim=" + std::to_string(config.head_dim) + " lens=[" + l +
+           "] capacity tokens=" + std::to_string(total_tokens) +
+           " rows=" + std::to_string(total_comp) + " seed=" + std::to_string(seed);
   }
 };
 
 // kv, grad_out ~ N(0,1); score ~ N(0, 1.5^2); ape ~ N(0, 0.25^2) (SPEC §2 item 3).
-inline Problem make_problem(const Config& config, const std::vector<std::int32_t>& lens, std::int64_t extra_tokens,
-                            std::int64_t extra_rows, std::uint64_t seed) {
+inline Problem make_problem(const Config& config, const std::vector<std::int32_t>& lens,
+                            std::int64_t extra_tokens, std::int64_t extra_rows,
+                            std::uint64_t seed) {
   Problem p;
   p.config = config;
   p.lens = lens;
@@ -102,24 +106,28 @@ inline std::vector<bool> consumed_mask(const Problem& p) {
       const int blk = (t - p.cu[s]) / r;
       for (int c = 0; c < p.width(); ++c) {
         const bool first_half = p.config.coff == 2 && c < d;
-        mask[static_cast<std::size_t>(t * p.width() + c)] = first_half ? blk + 1 < blocks : blk < blocks;
+        mask[static_cast<std::size_t>(t * p.width() + c)] =
+            first_half ? blk + 1 < blocks : blk < blocks;
       }
     }
   }
   return mask;
 }
 
-inline double bf16_value(std::uint16_t b) { return reference::bf16_to_float(b); }
+inline double bf16_value(std::uint16_t b) {
+  return reference::bf16_to_float(b);
+}
 
 // SPEC §2 item 3 tolerance contract against the fp32 reference; returns "" or a failure text.
-inline std::string tolerance_failure(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& ref,
-                                     const char* name) {
+inline std::string tolerance_failure(const std::vector<std::uint16_t>& got,
+                                     const std::vector<std::uint16_t>& ref, const char* name) {
   std::size_t differing = 0;
   double max_abs = 0.0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double a = bf16_value(got[i]);
     const double b = bf16_value(ref[i]);
-    if (std::isnan(a) != std::isnan(b)) return std::string(name) + ": NaN mask differs at " + std::to_string(i);
+    if (std::isnan(a) != std::isnan(b))
+      return std::string(name) + ": NaN mask differs at " + std::to_string(i);
     if (std::isnan(a)) continue;
     if (got[i] != ref[i]) ++differing;
     max_abs = std::max(max_abs, std::fabs(a - b));
@@ -134,8 +142,9 @@ inline std::string tolerance_failure(const std::vector<std::uint16_t>& got, cons
 
 // SPEC §2 item 4: max|fused - fp64| <= max|ref - fp64| * (1 + 1e-6) + 1e-4.
 template <typename Got, typename Ref, typename ToDouble>
-std::string parity_failure(const std::vector<Got>& got, const std::vector<Ref>& ref, const std::vector<double>& oracle,
-                           ToDouble to_double, const char* name) {
+std::string parity_failure(const std::vector<Got>& got, const std::vector<Ref>& ref,
+                           const std::vector<double>& oracle, ToDouble to_double,
+                           const char* name) {
   double err_got = 0.0;
   double err_ref = 0.0;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -143,11 +152,12 @@ std::string parity_failure(const std::vector<Got>& got, const std::vector<Ref>& 
     err_ref = std::max(err_ref, std::fabs(to_double(ref[i]) - oracle[i]));
   }
   if (err_got <= err_ref * (1 + 1e-6) + 1e-4) return {};
-  return std::string(name) + ": fp64 parity fails: fused error " + std::to_string(err_got) + " vs reference error " +
-         std::to_string(err_ref);
+  return std::string(name) + ": fp64 parity fails: fused error " + std::to_string(err_got) +
+         " vs reference error " + std::to_string(err_ref);
 }
 
-inline std::size_t first_difference(const void* a, const void* b, std::size_t bytes, std::size_t elem) {
+inline std::size_t first_difference(const void* a, const void* b, std::size_t bytes,
+                                    std::size_t elem) {
   const auto* x = static_cast<const unsigned char*>(a);
   const auto* y = static_cast<const unsigned char*>(b);
   for (std::size_t i = 0; i < bytes; ++i)

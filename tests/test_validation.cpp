@@ -29,9 +29,12 @@ struct Buffers {
     std::fill(std::begin(grad_ape), std::end(grad_ape), 42.0f);
   }
   bool untouched() const {
-    auto same16 = [](const std::uint16_t* p, int n) { return std::all_of(p, p + n, [](auto v) { return v == 0xabcd; }); };
+    auto same16 = [](const std::uint16_t* p, int n) {
+      return std::all_of(p, p + n, [](auto v) { return v == 0xabcd; });
+    };
     return same16(out, 4096) && same16(grad_kv, 4096) && same16(grad_score, 4096) &&
-           std::all_of(std::begin(grad_ape), std::end(grad_ape), [](float v) { return v == 42.0f; });
+           std::all_of(std::begin(grad_ape), std::end(grad_ape),
+                       [](float v) { return v == 42.0f; });
   }
 };
 
@@ -86,12 +89,14 @@ class Validation : public ::testing::Test {
     }
     EXPECT_TRUE(b_.untouched());
   }
-  void forward_rejected(const std::function<void(ForwardArgs&)>& edit, Status code, const std::string& needle) {
+  void forward_rejected(const std::function<void(ForwardArgs&)>& edit, Status code,
+                        const std::string& needle) {
     ForwardArgs a = forward_args();
     edit(a);
     expect_rejected([&] { runtime_.forward(a, nullptr); }, code, needle);
   }
-  void backward_rejected(const std::function<void(BackwardArgs&)>& edit, Status code, const std::string& needle) {
+  void backward_rejected(const std::function<void(BackwardArgs&)>& edit, Status code,
+                         const std::string& needle) {
     BackwardArgs a = backward_args();
     edit(a);
     expect_rejected([&] { runtime_.backward(a, nullptr); }, code, needle);
@@ -115,24 +120,45 @@ TEST_F(Validation, ConfigurationEnvelope) {
 }
 
 TEST_F(Validation, RatiosBeyondTheShortWindowFamilyAreUnsupported) {
-  forward_rejected([](auto& a) { a.config.ratio = 32; a.total_comp = 2; }, Status::kUnsupported, "long-window");
-  backward_rejected([](auto& a) { a.config.ratio = 128; a.total_comp = 0; }, Status::kUnsupported, "ratio 128");
+  forward_rejected(
+      [](auto& a) {
+        a.config.ratio = 32;
+        a.total_comp = 2;
+      },
+      Status::kUnsupported, "long-window");
+  backward_rejected(
+      [](auto& a) {
+        a.config.ratio = 128;
+        a.total_comp = 0;
+      },
+      Status::kUnsupported, "ratio 128");
 }
 
 TEST_F(Validation, Sizes) {
   forward_rejected([](auto& a) { a.num_segments = -1; }, kBad, "num_segments");
   forward_rejected([](auto& a) { a.total_tokens = -1; }, kBad, "total_tokens");
   forward_rejected([](auto& a) { a.total_comp = -3; }, kBad, "total_comp");
-  forward_rejected([](auto& a) { a.total_tokens = 3; a.total_comp = 1; }, kBad, "total_tokens (3) < ratio (4)");
+  forward_rejected(
+      [](auto& a) {
+        a.total_tokens = 3;
+        a.total_comp = 1;
+      },
+      kBad, "total_tokens (3) < ratio (4)");
   backward_rejected([](auto& a) { a.total_tokens = 2; }, kBad, "ratio");
 }
 
 TEST_F(Validation, Int32Bounds) {
   // W = 2 * 16 = 32: 2^31 / 32 = 2^26 tokens is one too many; 2^26 - 1 passes the bound.
-  forward_rejected([](auto& a) { a.total_tokens = std::int64_t{1} << 26; }, kBad, "overflows int32");
+  forward_rejected([](auto& a) { a.total_tokens = std::int64_t{1} << 26; }, kBad,
+                   "overflows int32");
   forward_rejected([](auto& a) { a.total_comp = std::int64_t{1} << 27; }, kBad, "overflows int32");
   backward_rejected([](auto& a) { a.total_tokens = std::int64_t{1} << 40; }, kBad, "total_tokens");
-  backward_rejected([](auto& a) { a.config.head_dim = 4096; a.total_comp = 1 << 19; }, kBad, "total_comp");
+  backward_rejected(
+      [](auto& a) {
+        a.config.head_dim = 4096;
+        a.total_comp = 1 << 19;
+      },
+      kBad, "total_comp");
 }
 
 TEST_F(Validation, NullPointers) {
@@ -164,14 +190,20 @@ TEST_F(Validation, MisalignedPointers) {
   auto off = [](const void* p, int bytes) { return static_cast<const char*>(p) + bytes; };
   forward_rejected([&](auto& a) { a.kv = off(b_.kv, 2); }, kBad, "kv (");
   forward_rejected([&](auto& a) { a.score = off(b_.score, 8); }, kBad, "16-byte aligned");
-  forward_rejected([&](auto& a) { a.ape = reinterpret_cast<const float*>(off(b_.ape, 4)); }, kBad, "ape");
-  forward_rejected([&](auto& a) { a.cu_seqlens = reinterpret_cast<const std::int32_t*>(off(b_.cu, 2)); }, kBad,
-                   "4-byte aligned");
+  forward_rejected([&](auto& a) { a.ape = reinterpret_cast<const float*>(off(b_.ape, 4)); }, kBad,
+                   "ape");
+  forward_rejected(
+      [&](auto& a) { a.cu_seqlens = reinterpret_cast<const std::int32_t*>(off(b_.cu, 2)); }, kBad,
+      "4-byte aligned");
   forward_rejected([&](auto& a) { a.out = const_cast<char*>(off(b_.out, 2)); }, kBad, "out");
-  backward_rejected([&](auto& a) { a.grad_kv = const_cast<char*>(off(b_.grad_kv, 6)); }, kBad, "grad_kv");
+  backward_rejected([&](auto& a) { a.grad_kv = const_cast<char*>(off(b_.grad_kv, 6)); }, kBad,
+                    "grad_kv");
   backward_rejected([&](auto& a) { a.grad_out = off(b_.out, 2); }, kBad, "grad_out");
-  backward_rejected([&](auto& a) { a.grad_ape = reinterpret_cast<float*>(const_cast<char*>(off(b_.grad_ape, 4))); },
-                    kBad, "grad_ape");
+  backward_rejected(
+      [&](auto& a) {
+        a.grad_ape = reinterpret_cast<float*>(const_cast<char*>(off(b_.grad_ape, 4)));
+      },
+      kBad, "grad_ape");
 }
 
 TEST_F(Validation, UnknownFlags) {
@@ -185,9 +217,11 @@ TEST(CAbi, ReportsErrorsThroughStatusAndLastError) {
   const int rc = csa_compressor_forward(buf, buf, ape, cu, cu, buf, 8, 1, 2, 4, 8, 3, nullptr);
   EXPECT_EQ(rc, CSA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(csa_last_error()).find("coff"), std::string::npos) << csa_last_error();
-  EXPECT_EQ(csa_compressor_forward(buf, buf, ape, cu, cu, nullptr, 8, 1, 0, 4, 8, 2, nullptr), CSA_OK);
+  EXPECT_EQ(csa_compressor_forward(buf, buf, ape, cu, cu, nullptr, 8, 1, 0, 4, 8, 2, nullptr),
+            CSA_OK);
   EXPECT_STREQ(csa_last_error(), "");
-  EXPECT_EQ(csa_compressor_backward(buf, buf, ape, cu, cu, buf, buf, buf, nullptr, 8, 1, 2, 4, 8, 2, 0, nullptr),
+  EXPECT_EQ(csa_compressor_backward(buf, buf, ape, cu, cu, buf, buf, buf, nullptr, 8, 1, 2, 4, 8, 2,
+                                    0, nullptr),
             CSA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(csa_last_error()).find("grad_ape"), std::string::npos);
   EXPECT_STREQ(csa_version(), csa::version());

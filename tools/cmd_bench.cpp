@@ -44,13 +44,15 @@ std::vector<Shape> default_shapes() {
   std::vector<Shape> out;
   for (int ratio : {4, 2})
     for (int d : {128, 512})
-      for (const char* pack : {"1x4096", "1x8192", "3x8192"}) out.push_back({{ratio, d, 2}, parse_pack(pack)});
+      for (const char* pack : {"1x4096", "1x8192", "3x8192"})
+        out.push_back({{ratio, d, 2}, parse_pack(pack)});
   return out;
 }
 
 Shape parse_shape(const std::string& text) {
   const auto last = text.rfind(',');
-  if (last == std::string::npos) throw CLI::ValidationError("--shape", "expected RATIO,COFF,HEAD_DIM,PACK");
+  if (last == std::string::npos)
+    throw CLI::ValidationError("--shape", "expected RATIO,COFF,HEAD_DIM,PACK");
   return {parse_config(text.substr(0, last)), parse_pack(text.substr(last + 1))};
 }
 
@@ -60,7 +62,8 @@ double median(std::vector<double> v) {
 }
 
 // Median per-call microseconds of `calls` back-to-back calls, timed with events.
-double time_device(Runtime& rt, Stream stream, int reps, int calls, const std::function<void(int)>& call) {
+double time_device(Runtime& rt, Stream stream, int reps, int calls,
+                   const std::function<void(int)>& call) {
   device::Event start(rt), stop(rt);
   std::vector<double> samples;
   for (int r = 0; r < reps; ++r) {
@@ -75,7 +78,8 @@ double time_device(Runtime& rt, Stream stream, int reps, int calls, const std::f
 
 // Median per-call microseconds of `calls` calls captured in one CUDA graph and replayed: the
 // kernel time without the host's launch gaps.
-double time_graph(Runtime& rt, Stream stream, int reps, int calls, const std::function<void(int)>& call) {
+double time_graph(Runtime& rt, Stream stream, int reps, int calls,
+                  const std::function<void(int)>& call) {
   device::Graph graph(rt, stream, [&] {
     for (int i = 0; i < calls; ++i) call(i);
   });
@@ -93,7 +97,8 @@ double time_graph(Runtime& rt, Stream stream, int reps, int calls, const std::fu
   return median(samples);
 }
 
-double time_host(Runtime& rt, Stream stream, int reps, int calls, const std::function<void(int)>& call) {
+double time_host(Runtime& rt, Stream stream, int reps, int calls,
+                 const std::function<void(int)>& call) {
   std::vector<double> samples;
   for (int r = 0; r < reps; ++r) {
     device::synchronize(rt, stream);
@@ -111,8 +116,10 @@ double copy_bandwidth(Runtime& rt, Stream stream, int reps) {
   device::Buffer a(rt, bytes), b(rt, bytes);
   a.fill(0x3c);
   const double us = time_device(rt, stream, reps, 4, [&](int i) {
-    if (i % 2 == 0) device::copy_async(rt, b.get(), a.get(), bytes, stream);
-    else device::copy_async(rt, a.get(), b.get(), bytes, stream);
+    if (i % 2 == 0)
+      device::copy_async(rt, b.get(), a.get(), bytes, stream);
+    else
+      device::copy_async(rt, a.get(), b.get(), bytes, stream);
   });
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);  // bytes read + written per second
 }
@@ -127,7 +134,8 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   const std::size_t ape_bytes = static_cast<std::size_t>(c.ratio * width) * 4;
   const std::int64_t fwd_bytes = forward_bytes(in);
   const std::int64_t bwd_bytes = backward_bytes(in);
-  const int sets = static_cast<int>(std::clamp<std::int64_t>((3 * l2_bytes + fwd_bytes - 1) / fwd_bytes, 2, 256));
+  const int sets = static_cast<int>(
+      std::clamp<std::int64_t>((3 * l2_bytes + fwd_bytes - 1) / fwd_bytes, 2, 256));
 
   device::Buffer cu(rt, in.cu.size() * 4), cuc(rt, in.cuc.size() * 4), ape(rt, ape_bytes);
   cu.upload(in.cu.data(), in.cu.size() * 4);
@@ -135,8 +143,9 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   ape.upload(in.ape.data(), ape_bytes);
   std::vector<DeviceSet> data;
   for (int s = 0; s < sets; ++s) {
-    DeviceSet d{device::Buffer(rt, tok_bytes), device::Buffer(rt, tok_bytes), device::Buffer(rt, comp_bytes),
-                device::Buffer(rt, comp_bytes), device::Buffer(rt, tok_bytes), device::Buffer(rt, tok_bytes),
+    DeviceSet d{device::Buffer(rt, tok_bytes),  device::Buffer(rt, tok_bytes),
+                device::Buffer(rt, comp_bytes), device::Buffer(rt, comp_bytes),
+                device::Buffer(rt, tok_bytes),  device::Buffer(rt, tok_bytes),
                 device::Buffer(rt, ape_bytes)};
     d.kv.upload(in.kv.data(), tok_bytes);
     d.score.upload(in.score.data(), tok_bytes);
@@ -184,7 +193,8 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     const double cold = time_graph(rt, stream, o.reps, calls, [&](int i) { call(i % sets); });
     const double warm = time_graph(rt, stream, o.reps, calls, [&](int) { call(0); });
     const double streamed = time_device(rt, stream, o.reps, calls, [&](int i) { call(i % sets); });
-    const double host = time_host(rt, stream, 5, 200, [&](int i) { call(i % sets); });
+    // Few calls per sample, from an idle queue: the enqueue cost, not the GPU's pace.
+    const double host = time_host(rt, stream, 25, 20, [&](int i) { call(i % sets); });
     const double floor_us = 1e6 * static_cast<double>(bytes) / bandwidth;
     const double target = slope * floor_us + offset_us;
     rows.push_back({{"shape", fmt::format("{},{}", format_config(c), shape.pack.label)},
@@ -202,7 +212,8 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   };
   measure("fwd", fwd_bytes, 1.4, 2.0, [&](int s) { rt.forward(fwd_args(s), stream); });
   measure("bwd", bwd_bytes, 1.5, 3.0, [&](int s) { rt.backward(bwd_args(s, 0), stream); });
-  measure("bwd-det", bwd_bytes, 1.5, 3.0, [&](int s) { rt.backward(bwd_args(s, kDeterministic), stream); });
+  measure("bwd-det", bwd_bytes, 1.5, 3.0,
+          [&](int s) { rt.backward(bwd_args(s, kDeterministic), stream); });
   return rows;
 }
 
@@ -219,14 +230,16 @@ nlohmann::json bench_jit(const Config& config, int device) {
     Runtime cold(options);
     const auto t0 = std::chrono::steady_clock::now();
     const PrewarmReport r = cold.prewarm(config, device);
-    out["jit_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    out["jit_seconds"] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     out["compiled"] = r.compiled;
   }
   {
     Runtime warm(options);
     const auto t0 = std::chrono::steady_clock::now();
     const PrewarmReport r = warm.prewarm(config, device);
-    out["cached_load_ms"] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    out["cached_load_ms"] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     out["cached_compiled"] = r.compiled;
   }
   std::filesystem::remove_all(dir);
@@ -242,33 +255,37 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
   const DeviceInfo dev = device::current_device(rt);
   device::StreamHandle stream(rt);
   const double bandwidth = copy_bandwidth(rt, stream.get(), o.reps);
-  nlohmann::json report = {{"device", dev.name},
-                           {"sm_count", dev.sm_count},
-                           {"l2_bytes", dev.l2_bytes},
-                           {"copy_bandwidth_tb_s", bandwidth / 1e12},
-                           {"library", version()},
-                           {"rows", nlohmann::json::array()}};
-  fmt::print("device: {} ({} SMs, L2 {:.0f} MB), copy bandwidth {:.2f} TB/s (read+write)\n", dev.name, dev.sm_count,
-             dev.l2_bytes / 1e6, bandwidth / 1e12);
-  fmt::print("kernel: CUDA-graph replay of back-to-back calls over input sets rotated past the L2 (median); "
-             "L2warm: one set; stream: the same calls launched on a stream; host: wall clock per call\n");
-  fmt::print("{:<22} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n", "shape (r,c,d,pack)", "dir", "MB",
-             "floor us", "kernel us", "ratio", "L2warm", "stream", "host us", "target", "ok");
+  nlohmann::json report = {{"device", dev.name},       {"sm_count", dev.sm_count},
+                           {"l2_bytes", dev.l2_bytes}, {"copy_bandwidth_tb_s", bandwidth / 1e12},
+                           {"library", version()},     {"rows", nlohmann::json::array()}};
+  fmt::print("device: {} ({} SMs, L2 {:.0f} MB), copy bandwidth {:.2f} TB/s (read+write)\n",
+             dev.name, dev.sm_count, dev.l2_bytes / 1e6, bandwidth / 1e12);
+  fmt::print(
+      "kernel: CUDA-graph replay of back-to-back calls over input sets rotated past the L2 "
+      "(median); "
+      "L2warm: one set; stream: the same calls launched on a stream; host: wall clock per call\n");
+  fmt::print("{:<22} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n",
+             "shape (r,c,d,pack)", "dir", "MB", "floor us", "kernel us", "ratio", "L2warm",
+             "stream", "host us", "target", "ok");
   for (const auto& shape : shapes) {
     for (const auto& row : bench_shape(rt, stream.get(), shape, o, bandwidth, dev.l2_bytes)) {
-      fmt::print("{:<22} {:<8} {:>8.1f} {:>9.2f} {:>10.2f} {:>7.2f} {:>9.2f} {:>9.2f} {:>8.2f} {:>9.2f} {}\n",
-                 row["shape"].get<std::string>(), row["direction"].get<std::string>(), row["megabytes"].get<double>(),
-                 row["floor_us"].get<double>(), row["kernel_us"].get<double>(), row["ratio_to_floor"].get<double>(),
-                 row["l2_warm_us"].get<double>(), row["stream_us"].get<double>(), row["host_us"].get<double>(),
-                 row["target_us"].get<double>(),
-                 row["meets_target"].get<bool>() ? "yes" : "NO");
+      fmt::print(
+          "{:<22} {:<8} {:>8.1f} {:>9.2f} {:>10.2f} {:>7.2f} {:>9.2f} {:>9.2f} {:>8.2f} {:>9.2f} "
+          "{}\n",
+          row["shape"].get<std::string>(), row["direction"].get<std::string>(),
+          row["megabytes"].get<double>(), row["floor_us"].get<double>(),
+          row["kernel_us"].get<double>(), row["ratio_to_floor"].get<double>(),
+          row["l2_warm_us"].get<double>(), row["stream_us"].get<double>(),
+          row["host_us"].get<double>(), row["target_us"].get<double>(),
+          row["meets_target"].get<bool>() ? "yes" : "NO");
       report["rows"].push_back(row);
     }
   }
   if (o.jit) {
     const auto jit = bench_jit({4, 512, 2}, o.device);
-    fmt::print("JIT {}: compile {:.3f} s, cached load {:.2f} ms\n", jit["config"].get<std::string>(),
-               jit["jit_seconds"].get<double>(), jit["cached_load_ms"].get<double>());
+    fmt::print("JIT {}: compile {:.3f} s, cached load {:.2f} ms\n",
+               jit["config"].get<std::string>(), jit["jit_seconds"].get<double>(),
+               jit["cached_load_ms"].get<double>());
     report["jit"] = jit;
   }
   if (!o.json_path.empty()) {
@@ -282,7 +299,8 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
 void add_bench_command(CLI::App& app, Runtime*& runtime) {
   auto opts = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "kernel time vs the DRAM floor on a GPU");
-  cmd->add_option("--shape,-s", opts->shapes, "RATIO,COFF,HEAD_DIM,PACK with PACK NxLEN or LEN+LEN+... (repeatable)");
+  cmd->add_option("--shape,-s", opts->shapes,
+                  "RATIO,COFF,HEAD_DIM,PACK with PACK NxLEN or LEN+LEN+... (repeatable)");
   cmd->add_option("--device", opts->device, "device ordinal");
   cmd->add_option("--reps", opts->reps, "timed repetitions per figure (median)");
   cmd->add_option("--seed", opts->seed, "input seed");

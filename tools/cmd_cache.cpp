@@ -10,8 +10,8 @@ void add_cache_command(CLI::App& app, Runtime*& runtime) {
   cmd->add_subcommand("info", "location, entries and size")->callback([&runtime] {
     const CacheInfo c = runtime->cache_info();
     fmt::print("directory: {}\nstorage:   {}\nentries:   {}\nbytes:     {}\n",
-               c.directory.empty() ? "(none)" : c.directory, c.persistent ? "on disk" : "memory only",
-               c.entries, c.bytes);
+               c.directory.empty() ? "(none)" : c.directory,
+               c.persistent ? "on disk" : "memory only", c.entries, c.bytes);
   });
   cmd->add_subcommand("clear", "remove every cache entry")->callback([&runtime] {
     const auto removed = runtime->clear_disk_cache();

@@ -15,15 +15,17 @@ void add_info_command(CLI::App& app, Runtime*& runtime) {
     if (!d.available) {
       fmt::print("driver: none ({})\n", d.reason);
     } else {
-      fmt::print("driver: CUDA {}.{}, {} device(s)\n", d.driver_version / 1000, (d.driver_version % 1000) / 10,
-                 d.devices.size());
+      fmt::print("driver: CUDA {}.{}, {} device(s)\n", d.driver_version / 1000,
+                 (d.driver_version % 1000) / 10, d.devices.size());
       for (const auto& dev : d.devices) {
-        fmt::print("  [{}] {} sm_{}{} {} SMs, L2 {:.0f} MB, {:.1f} GiB\n", dev.ordinal, dev.name, dev.cc_major,
-                   dev.cc_minor, dev.sm_count, dev.l2_bytes / 1e6, dev.memory_bytes / double(1 << 30));
+        fmt::print("  [{}] {} sm_{}{} {} SMs, L2 {:.0f} MB, {:.1f} GiB\n", dev.ordinal, dev.name,
+                   dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes / 1e6,
+                   dev.memory_bytes / double(1 << 30));
       }
     }
     const CacheInfo c = runtime->cache_info();
-    fmt::print("cache: {} ({}), {} entries, {:.1f} MB\n", c.directory.empty() ? "(none)" : c.directory,
+    fmt::print("cache: {} ({}), {} entries, {:.1f} MB\n",
+               c.directory.empty() ? "(none)" : c.directory,
                c.persistent ? "on disk" : "memory only", c.entries, c.bytes / 1e6);
   });
 }

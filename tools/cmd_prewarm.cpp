@@ -24,8 +24,9 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
   std::vector<Config> configs;
   for (const auto& text : o.configs) configs.push_back(parse_config(text));
   if (configs.empty()) configs = default_configs();
-  const unsigned jobs = std::max(1u, std::min<unsigned>(o.jobs ? o.jobs : std::thread::hardware_concurrency(),
-                                                        static_cast<unsigned>(configs.size())));
+  const unsigned jobs =
+      std::max(1u, std::min<unsigned>(o.jobs ? o.jobs : std::thread::hardware_concurrency(),
+                                      static_cast<unsigned>(configs.size())));
   const bool terminal = ::isatty(STDOUT_FILENO) != 0;
   std::vector<PrewarmReport> reports(configs.size());
   std::vector<std::string> errors(configs.size());
@@ -53,8 +54,8 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
   for (auto& t : threads) t.join();
   if (terminal) fmt::print("\r\x1b[K");
   int failures = 0;
-  fmt::print("{:<14} {:<8} {:<9} {:>8} {:>5} {:>6} {:>6}\n", "config", "arch", "source", "seconds", "regs",
-             "spill", "stack");
+  fmt::print("{:<14} {:<8} {:<9} {:>8} {:>5} {:>6} {:>6}\n", "config", "arch", "source", "seconds",
+             "regs", "spill", "stack");
   for (std::size_t i = 0; i < configs.size(); ++i) {
     if (!errors[i].empty()) {
       ++failures;
@@ -63,30 +64,35 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
     }
     const auto& r = reports[i];
     fmt::print("{:<14} {:<8} {:<9} {:>8.3f} {:>5} {:>6} {:>6}\n", format_config(configs[i]), r.arch,
-               r.compiled ? "compiled" : "cache", r.seconds, r.max_registers, r.spill_bytes, r.stack_bytes);
+               r.compiled ? "compiled" : "cache", r.seconds, r.max_registers, r.spill_bytes,
+               r.stack_bytes);
     if (o.fail_on_spill && (r.spill_bytes != 0 || r.stack_bytes != 0)) {
       ++failures;
-      fmt::print("{:<14} uses local memory (spill {} B, stack {} B)\n", format_config(configs[i]), r.spill_bytes,
-                 r.stack_bytes);
+      fmt::print("{:<14} uses local memory (spill {} B, stack {} B)\n", format_config(configs[i]),
+                 r.spill_bytes, r.stack_bytes);
     }
   }
   const CacheInfo c = runtime.cache_info();
-  fmt::print("cache: {} ({})\n", c.directory.empty() ? "(none)" : c.directory, c.persistent ? "on disk" : "memory only");
-  if (failures > 0) throw Error(Status::kCompileError, fmt::format("{} configuration(s) failed", failures));
+  fmt::print("cache: {} ({})\n", c.directory.empty() ? "(none)" : c.directory,
+             c.persistent ? "on disk" : "memory only");
+  if (failures > 0)
+    throw Error(Status::kCompileError, fmt::format("{} configuration(s) failed", failures));
 }
 
 }  // namespace
 
 void add_prewarm_command(CLI::App& app, Runtime*& runtime) {
   auto opts = std::make_shared<PrewarmOptions>();
-  auto* cmd = app.add_subcommand("prewarm",
-                                 "compile (or load from the cache) every kernel of the given configurations; "
-                                 "default: the production set 4,2,512 4,2,128 2,2,512 2,2,128");
+  auto* cmd = app.add_subcommand(
+      "prewarm",
+      "compile (or load from the cache) every kernel of the given configurations; "
+      "default: the production set 4,2,512 4,2,128 2,2,512 2,2,128");
   cmd->add_option("--config,-c", opts->configs, "RATIO,COFF,HEAD_DIM (repeatable)");
   cmd->add_option("--arch", opts->arch, "compile for this arch (e.g. sm_90) without a GPU");
   cmd->add_option("--device", opts->device, "device ordinal (without --arch)");
   cmd->add_option("--jobs,-j", opts->jobs, "parallel compiles (default: all cores)");
-  cmd->add_flag("--fail-on-spill", opts->fail_on_spill, "exit non-zero if a kernel uses local memory");
+  cmd->add_flag("--fail-on-spill", opts->fail_on_spill,
+                "exit non-zero if a kernel uses local memory");
   cmd->callback([opts, &runtime] { run_prewarm(*runtime, *opts); });
 }
 

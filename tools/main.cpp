@@ -10,12 +10,15 @@ Config parse_config(const std::string& text) {
   Config c;
   char extra = 0;
   if (std::sscanf(text.c_str(), "%d,%d,%d%c", &c.ratio, &c.coff, &c.head_dim, &extra) != 3) {
-    throw CLI::ValidationError("--config", "'" + text + "' is not RATIO,COFF,HEAD_DIM (e.g. 4,2,512)");
+    throw CLI::ValidationError("--config",
+                               "'" + text + "' is not RATIO,COFF,HEAD_DIM (e.g. 4,2,512)");
   }
   return c;
 }
 
-std::string format_config(const Config& c) { return fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim); }
+std::string format_config(const Config& c) {
+  return fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim);
+}
 
 }  // namespace csa::tools
 

@@ -61,9 +61,9 @@ struct Config {
 enum class Family { kAuto, kShortWindow, kReference };
 
 struct ForwardArgs {
-  const void* kv = nullptr;     // (total_tokens, coff*head_dim) bf16
-  const void* score = nullptr;  // (total_tokens, coff*head_dim) bf16
-  const float* ape = nullptr;   // (ratio, coff*head_dim) fp32
+  const void* kv = nullptr;                       // (total_tokens, coff*head_dim) bf16
+  const void* score = nullptr;                    // (total_tokens, coff*head_dim) bf16
+  const float* ape = nullptr;                     // (ratio, coff*head_dim) fp32
   const std::int32_t* cu_seqlens = nullptr;       // (num_segments + 1) int32
   const std::int32_t* cu_seqlens_comp = nullptr;  // (num_segments + 1) int32
   void* out = nullptr;                            // (total_comp, head_dim) bf16
@@ -91,12 +91,12 @@ struct BackwardArgs {
 };
 
 struct CSA_API RuntimeOptions {
-  std::string cache_dir;     // empty: $CSA_CACHE_DIR, $XDG_CACHE_HOME/csa, ~/.cache/csa
-  bool disk_cache = true;    // false: memory only
-  bool jit_enabled = true;   // false: a cache miss is an error (kJitDisabled)
-  bool ptxas_verbose = true; // keep the ptxas resource report of every compile
-  bool line_info = false;    // compile with -lineinfo (part of the cache key)
-  std::string log_level;     // spdlog level name; empty: warn
+  std::string cache_dir;      // empty: $CSA_CACHE_DIR, $XDG_CACHE_HOME/csa, ~/.cache/csa
+  bool disk_cache = true;     // false: memory only
+  bool jit_enabled = true;    // false: a cache miss is an error (kJitDisabled)
+  bool ptxas_verbose = true;  // keep the ptxas resource report of every compile
+  bool line_info = false;     // compile with -lineinfo (part of the cache key)
+  std::string log_level;      // spdlog level name; empty: warn
 
   // The options above read from the CSA_* environment variables (README has the table).
   static RuntimeOptions from_environment();
@@ -130,7 +130,7 @@ struct CacheInfo {
 struct PrewarmReport {
   Config config;
   std::string arch;
-  std::string key;  // cache key (hex)
+  std::string key;        // cache key (hex)
   bool compiled = false;  // false: found in the disk cache
   double seconds = 0.0;
   int kernels = 0;

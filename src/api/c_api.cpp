@@ -81,8 +81,12 @@ int csa_prewarm(int32_t ratio, int32_t head_dim, int32_t coff, int device) {
   return guarded([&] { csa::Runtime::default_runtime().prewarm({ratio, head_dim, coff}, device); });
 }
 
-const char* csa_last_error(void) { return last_error.c_str(); }
+const char* csa_last_error(void) {
+  return last_error.c_str();
+}
 
-const char* csa_version(void) { return csa::version(); }
+const char* csa_version(void) {
+  return csa::version();
+}
 
 }  // extern "C"

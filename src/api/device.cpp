@@ -10,9 +10,13 @@ namespace csa::device {
 
 namespace {
 
-driver::Driver& driver_of(Runtime& runtime) { return runtime.impl().loader.get(); }
+driver::Driver& driver_of(Runtime& runtime) {
+  return runtime.impl().loader.get();
+}
 
-CUstream raw(Stream s) { return reinterpret_cast<CUstream>(s); }
+CUstream raw(Stream s) {
+  return reinterpret_cast<CUstream>(s);
+}
 
 }  // namespace
 
@@ -68,16 +72,22 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 
 void Buffer::upload(const void* host, std::size_t bytes, std::size_t offset) {
   if (bytes == 0) return;
-  if (offset + bytes > bytes_) fail(Status::kInvalidArgument, "upload of {} bytes at {} exceeds the {}-byte buffer", bytes, offset, bytes_);
+  if (offset + bytes > bytes_)
+    fail(Status::kInvalidArgument, "upload of {} bytes at {} exceeds the {}-byte buffer", bytes,
+         offset, bytes_);
   driver::Driver& d = driver_of(*runtime_);
-  d.check(d.api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset, host, bytes), "cuMemcpyHtoD");
+  d.check(d.api().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(ptr_) + offset, host, bytes),
+          "cuMemcpyHtoD");
 }
 
 void Buffer::download(void* host, std::size_t bytes, std::size_t offset) const {
   if (bytes == 0) return;
-  if (offset + bytes > bytes_) fail(Status::kInvalidArgument, "download of {} bytes at {} exceeds the {}-byte buffer", bytes, offset, bytes_);
+  if (offset + bytes > bytes_)
+    fail(Status::kInvalidArgument, "download of {} bytes at {} exceeds the {}-byte buffer", bytes,
+         offset, bytes_);
   driver::Driver& d = driver_of(*runtime_);
-  d.check(d.api().cuMemcpyDtoH(host, reinterpret_cast<CUdeviceptr>(ptr_) + offset, bytes), "cuMemcpyDtoH");
+  d.check(d.api().cuMemcpyDtoH(host, reinterpret_cast<CUdeviceptr>(ptr_) + offset, bytes),
+          "cuMemcpyDtoH");
 }
 
 void Buffer::fill(std::uint8_t byte) {
@@ -97,7 +107,9 @@ StreamHandle::~StreamHandle() {
   if (stream_ != nullptr) driver_of(*runtime_).api().cuStreamDestroy(raw(stream_));
 }
 
-void StreamHandle::synchronize() { device::synchronize(*runtime_, stream_); }
+void StreamHandle::synchronize() {
+  device::synchronize(*runtime_, stream_);
+}
 
 Event::Event(Runtime& runtime) : runtime_(&runtime) {
   driver::Driver& d = driver_of(runtime);
@@ -127,9 +139,11 @@ float Event::milliseconds_since(const Event& start) const {
   return ms;
 }
 
-Graph::Graph(Runtime& runtime, Stream stream, const std::function<void()>& record) : runtime_(&runtime) {
+Graph::Graph(Runtime& runtime, Stream stream, const std::function<void()>& record)
+    : runtime_(&runtime) {
   driver::Driver& d = driver_of(runtime);
-  d.check(d.api().cuStreamBeginCapture(raw(stream), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  d.check(d.api().cuStreamBeginCapture(raw(stream), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+          "cuStreamBeginCapture");
   try {
     record();
   } catch (...) {
@@ -155,14 +169,16 @@ void Graph::launch(Stream stream) {
 
 void copy_async(Runtime& runtime, void* dst, const void* src, std::size_t bytes, Stream stream) {
   driver::Driver& d = driver_of(runtime);
-  d.check(d.api().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),
-                                    bytes, raw(stream)),
+  d.check(d.api().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst),
+                                    reinterpret_cast<CUdeviceptr>(src), bytes, raw(stream)),
           "cuMemcpyDtoDAsync");
 }
 
-void memset_async(Runtime& runtime, void* dst, std::uint8_t byte, std::size_t bytes, Stream stream) {
+void memset_async(Runtime& runtime, void* dst, std::uint8_t byte, std::size_t bytes,
+                  Stream stream) {
   driver::Driver& d = driver_of(runtime);
-  d.check(d.api().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(dst), byte, bytes, raw(stream)), "cuMemsetD8Async");
+  d.check(d.api().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(dst), byte, bytes, raw(stream)),
+          "cuMemsetD8Async");
 }
 
 void synchronize(Runtime& runtime, Stream stream) {

@@ -40,13 +40,15 @@ PrewarmReport Runtime::prewarm(const Config& config, int device, Family family) 
   return impl_->service.prewarm(config, device, family);
 }
 
-PrewarmReport Runtime::compile_for_arch(const Config& config, std::string_view arch, Family family) {
+PrewarmReport Runtime::compile_for_arch(const Config& config, std::string_view arch,
+                                        Family family) {
   return impl_->service.compile_for_arch(config, std::string(arch), family);
 }
 
-OffsetReport Runtime::check_offsets(const std::int32_t* cu_seqlens, const std::int32_t* cu_seqlens_comp,
-                                    std::int32_t num_segments, std::int64_t total_tokens,
-                                    std::int64_t total_comp, std::int32_t ratio, Stream stream) {
+OffsetReport Runtime::check_offsets(const std::int32_t* cu_seqlens,
+                                    const std::int32_t* cu_seqlens_comp, std::int32_t num_segments,
+                                    std::int64_t total_tokens, std::int64_t total_comp,
+                                    std::int32_t ratio, Stream stream) {
   return impl_->service.check_offsets(cu_seqlens, cu_seqlens_comp, num_segments, total_tokens,
                                       total_comp, ratio, reinterpret_cast<CUstream>(stream));
 }
@@ -69,10 +71,16 @@ DriverInfo Runtime::driver_info() {
     d->check(api.cuDeviceGetName(name, sizeof name - 1, dev), "cuDeviceGetName");
     di.name = name;
     int l2 = 0;
-    d->check(api.cuDeviceGetAttribute(&di.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
-    d->check(api.cuDeviceGetAttribute(&di.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
-    d->check(api.cuDeviceGetAttribute(&di.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute");
-    d->check(api.cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev), "cuDeviceGetAttribute");
+    d->check(
+        api.cuDeviceGetAttribute(&di.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+        "cuDeviceGetAttribute");
+    d->check(
+        api.cuDeviceGetAttribute(&di.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+        "cuDeviceGetAttribute");
+    d->check(api.cuDeviceGetAttribute(&di.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+             "cuDeviceGetAttribute");
+    d->check(api.cuDeviceGetAttribute(&l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev),
+             "cuDeviceGetAttribute");
     di.l2_bytes = l2;
     std::size_t mem = 0;
     d->check(api.cuDeviceTotalMem(&mem, dev), "cuDeviceTotalMem");
@@ -82,14 +90,26 @@ DriverInfo Runtime::driver_info() {
   return info;
 }
 
-CacheInfo Runtime::cache_info() const { return impl_->disk.info(); }
-std::int64_t Runtime::clear_disk_cache() { return impl_->disk.clear(); }
-const RuntimeOptions& Runtime::options() const { return impl_->options; }
+CacheInfo Runtime::cache_info() const {
+  return impl_->disk.info();
+}
+std::int64_t Runtime::clear_disk_cache() {
+  return impl_->disk.clear();
+}
+const RuntimeOptions& Runtime::options() const {
+  return impl_->options;
+}
 
-void forward(const ForwardArgs& args, Stream stream) { Runtime::default_runtime().forward(args, stream); }
-void backward(const BackwardArgs& args, Stream stream) { Runtime::default_runtime().backward(args, stream); }
+void forward(const ForwardArgs& args, Stream stream) {
+  Runtime::default_runtime().forward(args, stream);
+}
+void backward(const BackwardArgs& args, Stream stream) {
+  Runtime::default_runtime().backward(args, stream);
+}
 
-const char* version() noexcept { return CSA_VERSION_STRING; }
+const char* version() noexcept {
+  return CSA_VERSION_STRING;
+}
 
 std::string nvrtc_version() {
   const auto [major, minor] = nvrtc::Compiler::version();

@@ -138,8 +138,9 @@ void DiskCache::store(const CacheKey& key, const CubinEntry& entry) {
     const std::string tmp = fmt::format("{}.tmp.{}.{:08x}", path, ::getpid(), rd());
     const std::vector<char> bytes = encode_entry(key, entry);
     // NOTE: rename() within one directory is atomic on POSIX file systems: a reader sees the old
-    // file, the new one, or none, never a partial one. Racing writers produce identical bytes;
-    // the last rename wins and every loser's temp file is gone with its rename.
+    // file, the new one, or none, never a partial one. Racing writers each publish a complete
+    // entry (identical bytes: compiles are reproducible); the last rename wins, and every
+    // writer's temp file is gone with its own rename.
     if (write_and_sync(tmp, bytes) && ::rename(tmp.c_str(), path.c_str()) == 0) {
       const int dir_fd = ::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
       if (dir_fd >= 0) {

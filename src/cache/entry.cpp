@@ -52,23 +52,28 @@ std::optional<CubinEntry> decode_entry(const std::vector<char>& bytes, const Cac
     return std::nullopt;
   };
   if (bytes.size() < sizeof kMagic + 4 + 8 + 8) return reject("truncated (shorter than a header)");
-  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) return reject("bad magic or format version");
+  if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    return reject("bad magic or format version");
   std::uint64_t stored_sum = 0;
   std::memcpy(&stored_sum, bytes.data() + bytes.size() - 8, 8);
-  if (XXH3_64bits(bytes.data(), bytes.size() - 8) != stored_sum) return reject("checksum mismatch (truncated or corrupt)");
+  if (XXH3_64bits(bytes.data(), bytes.size() - 8) != stored_sum)
+    return reject("checksum mismatch (truncated or corrupt)");
   std::size_t pos = sizeof kMagic;
   std::uint32_t header_size = 0;
-  if (!take(bytes, pos, header_size) || bytes.size() - pos < header_size) return reject("truncated header");
-  nlohmann::json header = nlohmann::json::parse(bytes.begin() + static_cast<std::ptrdiff_t>(pos),
-                                                bytes.begin() + static_cast<std::ptrdiff_t>(pos + header_size),
-                                                nullptr, /*allow_exceptions=*/false);
+  if (!take(bytes, pos, header_size) || bytes.size() - pos < header_size)
+    return reject("truncated header");
+  nlohmann::json header =
+      nlohmann::json::parse(bytes.begin() + static_cast<std::ptrdiff_t>(pos),
+                            bytes.begin() + static_cast<std::ptrdiff_t>(pos + header_size), nullptr,
+                            /*allow_exceptions=*/false);
   pos += header_size;
   if (header.is_discarded() || !header.is_object()) return reject("unreadable header");
   if (header.value("hash", "") != key.hash || header.value("record", "") != key.record) {
     return reject("entry belongs to another key");
   }
   std::uint64_t cubin_size = 0;
-  if (!take(bytes, pos, cubin_size) || bytes.size() - pos - 8 != cubin_size) return reject("cubin size mismatch");
+  if (!take(bytes, pos, cubin_size) || bytes.size() - pos - 8 != cubin_size)
+    return reject("cubin size mismatch");
   CubinEntry entry;
   entry.cubin.assign(bytes.begin() + static_cast<std::ptrdiff_t>(pos),
                      bytes.begin() + static_cast<std::ptrdiff_t>(pos + cubin_size));

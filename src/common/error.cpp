@@ -4,16 +4,26 @@ namespace csa {
 
 const char* status_name(Status status) noexcept {
   switch (status) {
-    case Status::kOk: return "ok";
-    case Status::kInvalidArgument: return "invalid argument";
-    case Status::kUnsupported: return "unsupported";
-    case Status::kDriverUnavailable: return "driver unavailable";
-    case Status::kDriverError: return "driver error";
-    case Status::kCompileError: return "compile error";
-    case Status::kCacheError: return "cache error";
-    case Status::kCaptureUnsafe: return "capture unsafe";
-    case Status::kJitDisabled: return "jit disabled";
-    case Status::kInternal: return "internal error";
+    case Status::kOk:
+      return "ok";
+    case Status::kInvalidArgument:
+      return "invalid argument";
+    case Status::kUnsupported:
+      return "unsupported";
+    case Status::kDriverUnavailable:
+      return "driver unavailable";
+    case Status::kDriverError:
+      return "driver error";
+    case Status::kCompileError:
+      return "compile error";
+    case Status::kCacheError:
+      return "cache error";
+    case Status::kCaptureUnsafe:
+      return "capture unsafe";
+    case Status::kJitDisabled:
+      return "jit disabled";
+    case Status::kInternal:
+      return "internal error";
   }
   return "unknown";
 }

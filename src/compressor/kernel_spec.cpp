@@ -22,7 +22,9 @@ std::string config_label(const Config& c) {
   return fmt::format("ratio={} coff={} head_dim={}", c.ratio, c.coff, c.head_dim);
 }
 
-std::string prewarm_spec(const Config& c) { return fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim); }
+std::string prewarm_spec(const Config& c) {
+  return fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim);
+}
 
 ModuleSpec make_module_spec(const Config& c, Family family, const schedule::ShortWindowSchedule& s,
                             const std::string& arch, const CompileOptions& options) {
@@ -34,22 +36,22 @@ ModuleSpec make_module_spec(const Config& c, Family family, const schedule::Shor
   if (family == Family::kReference) {
     req.source = "#include \"reference.cuh\"\n";
     const std::string args = fmt::format("<{},{},{}>", c.ratio, c.coff, c.head_dim);
-    req.name_expressions = {"csa_kernel::reference_forward" + args,
-                            "csa_kernel::reference_backward_rows" + args,
-                            "csa_kernel::reference_backward_zeros" + args,
-                            "csa_kernel::reference_grad_ape" + args};
+    req.name_expressions = {
+        "csa_kernel::reference_forward" + args, "csa_kernel::reference_backward_rows" + args,
+        "csa_kernel::reference_backward_zeros" + args, "csa_kernel::reference_grad_ape" + args};
     label = fmt::format("reference-r{}-c{}-d{}-{}", c.ratio, c.coff, c.head_dim, arch);
   } else {
     req.source = "#include \"short_window.cuh\"\n#include \"ape_reduce.cuh\"\n";
     const std::string shape = fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim);
-    req.name_expressions = {
-        fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape, s.forward_vec, s.forward_threads),
-        fmt::format("csa_kernel::short_window_backward<{},{},{},{},true>", shape, s.backward_vec,
-                    s.backward_tx, s.backward_ty),
-        fmt::format("csa_kernel::short_window_backward<{},{},{},{},false>", shape, s.backward_vec,
-                    s.backward_tx, s.backward_ty),
-        fmt::format("csa_kernel::ape_reduce<{}>", s.reduce_lanes),
-        fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape, s.forward_wide_vec, s.forward_threads)};
+    req.name_expressions = {fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape,
+                                        s.forward_vec, s.forward_threads),
+                            fmt::format("csa_kernel::short_window_backward<{},{},{},{},true>",
+                                        shape, s.backward_vec, s.backward_tx, s.backward_ty),
+                            fmt::format("csa_kernel::short_window_backward<{},{},{},{},false>",
+                                        shape, s.backward_vec, s.backward_tx, s.backward_ty),
+                            fmt::format("csa_kernel::ape_reduce<{}>", s.reduce_lanes),
+                            fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape,
+                                        s.forward_wide_vec, s.forward_threads)};
     label = fmt::format("short-r{}-c{}-d{}-{}", c.ratio, c.coff, c.head_dim, arch);
   }
   req.source_name = label + ".cu";

@@ -20,7 +20,13 @@ enum ShortWindowKernel : int {
   kSwCount
 };
 // Kernel slots of a reference module.
-enum ReferenceKernel : int { kRefForward = 0, kRefBackwardRows, kRefBackwardZeros, kRefGradApe, kRefCount };
+enum ReferenceKernel : int {
+  kRefForward = 0,
+  kRefBackwardRows,
+  kRefBackwardZeros,
+  kRefGradApe,
+  kRefCount
+};
 
 struct CompileOptions {
   bool ptxas_verbose = true;
@@ -40,7 +46,7 @@ ModuleSpec make_module_spec(const Config& config, Family family,
 // The small per-arch module holding the device-side offset check.
 ModuleSpec make_utility_spec(const std::string& arch, const CompileOptions& options);
 
-std::string config_label(const Config& config);   // "ratio=4 coff=2 head_dim=128"
-std::string prewarm_spec(const Config& config);   // "4,2,128"
+std::string config_label(const Config& config);  // "ratio=4 coff=2 head_dim=128"
+std::string prewarm_spec(const Config& config);  // "4,2,128"
 
 }  // namespace csa::compressor

@@ -48,7 +48,8 @@ class StreamScratch {
  public:
   StreamScratch(const driver::Driver& driver, std::size_t bytes, CUstream stream)
       : driver_(driver), stream_(stream) {
-    driver_.check(driver_.api().cuMemAllocAsync(&ptr_, bytes, stream_), "cuMemAllocAsync (grad_ape workspace)");
+    driver_.check(driver_.api().cuMemAllocAsync(&ptr_, bytes, stream_),
+                  "cuMemAllocAsync (grad_ape workspace)");
   }
   ~StreamScratch() { driver_.api().cuMemFreeAsync(ptr_, stream_); }
   StreamScratch(const StreamScratch&) = delete;
@@ -106,20 +107,27 @@ DeviceTraits Service::device_traits(int ordinal) {
   int minor = 0;
   DeviceTraits t;
   t.ordinal = ordinal;
-  d.check(api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute(major)");
-  d.check(api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute(minor)");
+  d.check(api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+          "cuDeviceGetAttribute(major)");
+  d.check(api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+          "cuDeviceGetAttribute(minor)");
   d.check(api.cuDeviceGetAttribute(&t.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
           "cuDeviceGetAttribute(multiprocessor count)");
-  d.check(api.cuDeviceGetAttribute(&t.sm.registers, CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, dev),
+  d.check(api.cuDeviceGetAttribute(&t.sm.registers,
+                                   CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, dev),
           "cuDeviceGetAttribute(registers per SM)");
-  d.check(api.cuDeviceGetAttribute(&t.sm.threads, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev),
+  d.check(api.cuDeviceGetAttribute(&t.sm.threads,
+                                   CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev),
           "cuDeviceGetAttribute(threads per SM)");
-  d.check(api.cuDeviceGetAttribute(&t.sm.ctas, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, dev),
-          "cuDeviceGetAttribute(blocks per SM)");
-  d.check(api.cuDeviceGetAttribute(&t.sm.shared_bytes, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev),
+  d.check(
+      api.cuDeviceGetAttribute(&t.sm.ctas, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, dev),
+      "cuDeviceGetAttribute(blocks per SM)");
+  d.check(api.cuDeviceGetAttribute(&t.sm.shared_bytes,
+                                   CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev),
           "cuDeviceGetAttribute(shared memory per SM)");
   if (major < 8) {
-    fail(Status::kUnsupported, "device {} has compute capability {}.{}; csa needs 8.0 or newer", ordinal, major, minor);
+    fail(Status::kUnsupported, "device {} has compute capability {}.{}; csa needs 8.0 or newer",
+         ordinal, major, minor);
   }
   t.arch = fmt::format("sm_{}{}", major, minor);
   nvrtc::check_arch(t.arch);
@@ -150,7 +158,8 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   prepared->family = resolved;
   prepared->schedule = schedule_for(config);
   prepared->device = device_traits(device);
-  const ModuleSpec spec = make_module_spec(config, resolved, prepared->schedule, prepared->device.arch, compile_options_);
+  const ModuleSpec spec = make_module_spec(config, resolved, prepared->schedule,
+                                           prepared->device.arch, compile_options_);
   prepared->key = spec.key.hash;
   auto cubin = store_.get(spec.key, spec.request, compiled);
   prepared->module = modules().get(spec.key, cubin);
@@ -161,11 +170,13 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
     int regs = 0;
     int shared = 0;
     const CUkernel bwd = prepared->kernel(kSwBackwardAtomic);
-    d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, bwd, dev), "cuKernelGetAttribute(registers)");
+    d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, bwd, dev),
+            "cuKernelGetAttribute(registers)");
     d.check(d.api().cuKernelGetAttribute(&shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, bwd, dev),
             "cuKernelGetAttribute(shared memory)");
     prepared->backward_resident_ctas = schedule::resident_ctas(
-        prepared->device.sm, prepared->schedule.backward_tx * prepared->schedule.backward_ty, regs, shared);
+        prepared->device.sm, prepared->schedule.backward_tx * prepared->schedule.backward_ty, regs,
+        shared);
   }
   return prepared;
 }
@@ -194,18 +205,23 @@ PrewarmReport Service::prewarm(const Config& config, int device, Family family) 
     std::lock_guard<std::mutex> lock(mutex_);
     records_.emplace(key, prepared);
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return report_of(config, prepared->device.arch, prepared->key, *prepared->module->cubin, compiled, seconds);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report_of(config, prepared->device.arch, prepared->key, *prepared->module->cubin, compiled,
+                   seconds);
 }
 
-PrewarmReport Service::compile_for_arch(const Config& config, const std::string& arch, Family family) {
+PrewarmReport Service::compile_for_arch(const Config& config, const std::string& arch,
+                                        Family family) {
   const auto start = std::chrono::steady_clock::now();
   nvrtc::check_arch(arch);
   const Family resolved = resolve_family(config, family);
-  const ModuleSpec spec = make_module_spec(config, resolved, schedule_for(config), arch, compile_options_);
+  const ModuleSpec spec =
+      make_module_spec(config, resolved, schedule_for(config), arch, compile_options_);
   bool compiled = false;
   auto cubin = store_.get(spec.key, spec.request, &compiled);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report_of(config, arch, spec.key.hash, *cubin, compiled, seconds);
 }
 
@@ -228,7 +244,8 @@ void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
   if (p.family == Family::kReference) {
     shape.grid_x = blocks_for(a.total_comp * a.config.head_dim, kReferenceThreads);
     shape.block_x = kReferenceThreads;
-    launch::launch(driver(), p.kernel(kRefForward), shape, params, stream, "reference forward launch");
+    launch::launch(driver(), p.kernel(kRefForward), shape, params, stream,
+                   "reference forward launch");
     return;
   }
   const int vec = schedule::forward_vec_for(p.schedule, a.config, a.total_comp);
@@ -269,11 +286,13 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
     shape.block_x = kReferenceThreads;
     if (a.total_tokens > 0) {
       shape.grid_x = blocks_for(a.total_tokens * width, kReferenceThreads);
-      launch::launch(d, p.kernel(kRefBackwardZeros), shape, params, stream, "reference backward zeros launch");
+      launch::launch(d, p.kernel(kRefBackwardZeros), shape, params, stream,
+                     "reference backward zeros launch");
     }
     if (a.total_comp > 0) {
       shape.grid_x = blocks_for(a.total_comp * c.head_dim, kReferenceThreads);
-      launch::launch(d, p.kernel(kRefBackwardRows), shape, params, stream, "reference backward launch");
+      launch::launch(d, p.kernel(kRefBackwardRows), shape, params, stream,
+                     "reference backward launch");
     }
     shape.grid_x = blocks_for(ape_elems, kReferenceThreads);
     launch::launch(d, p.kernel(kRefGradApe), shape, params, stream, "reference grad_ape launch");
@@ -281,7 +300,8 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   }
 
   const auto& s = p.schedule;
-  const auto grid = schedule::backward_grid(s, c, a.total_comp, p.device.sm_count, p.backward_resident_ctas);
+  const auto grid =
+      schedule::backward_grid(s, c, a.total_comp, p.device.sm_count, p.backward_resident_ctas);
   params.rows_per_cta = grid.rows_per_cta;
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(grid.grid_x);
@@ -298,7 +318,8 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
     launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
     return;
   }
-  StreamScratch workspace(d, static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float), stream);
+  StreamScratch workspace(d, static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float),
+                          stream);
   params.workspace = device_ptr<float>(workspace.get());
   launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
   csa_kernel::ApeReduceParams reduce{};
@@ -317,14 +338,18 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
 OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,
                                     std::int32_t num_segments, std::int64_t total_tokens,
                                     std::int64_t total_comp, std::int32_t ratio, CUstream stream) {
-  if (cu == nullptr || cuc == nullptr) fail(Status::kInvalidArgument, "check_offsets: cu_seqlens and cu_seqlens_comp must not be null");
+  if (cu == nullptr || cuc == nullptr)
+    fail(Status::kInvalidArgument,
+         "check_offsets: cu_seqlens and cu_seqlens_comp must not be null");
   if (num_segments < 0 || ratio < 1 || total_tokens < 0 || total_comp < 0 ||
       total_tokens >= (std::int64_t{1} << 31) || total_comp >= (std::int64_t{1} << 31)) {
-    fail(Status::kInvalidArgument, "check_offsets: num_segments {}, ratio {}, total_tokens {}, total_comp {} out of range",
+    fail(Status::kInvalidArgument,
+         "check_offsets: num_segments {}, ratio {}, total_tokens {}, total_comp {} out of range",
          num_segments, ratio, total_tokens, total_comp);
   }
   driver::Driver& d = driver();
-  launch::ensure_not_capturing(d, stream, "reading offsets back from the device", "check_offsets", "4,2,128");
+  launch::ensure_not_capturing(d, stream, "reading offsets back from the device", "check_offsets",
+                               "4,2,128");
   const DeviceTraits t = device_traits(current_device());
   const ModuleSpec spec = make_utility_spec(t.arch, compile_options_);
   auto module = modules().get(spec.key, store_.get(spec.key, spec.request));
@@ -346,10 +371,12 @@ OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* 
   OffsetReport r;
   r.ok = host[0] < 0;
   r.index = host[0];
-  static const char* const kRules[] = {
-      "", "cu_seqlens[0] and cu_seqlens_comp[0] must be 0", "cu_seqlens decreases",
-      "cu_seqlens exceeds total_tokens", "cu_seqlens_comp step differs from floor(seqlen / ratio)",
-      "cu_seqlens_comp exceeds total_comp"};
+  static const char* const kRules[] = {"",
+                                       "cu_seqlens[0] and cu_seqlens_comp[0] must be 0",
+                                       "cu_seqlens decreases",
+                                       "cu_seqlens exceeds total_tokens",
+                                       "cu_seqlens_comp step differs from floor(seqlen / ratio)",
+                                       "cu_seqlens_comp exceeds total_comp"};
   if (!r.ok) r.message = fmt::format("entry {}: {}", host[0], kRules[std::clamp(host[1], 0, 5)]);
   return r;
 }

@@ -32,7 +32,7 @@ struct Prepared {
   Family family = Family::kShortWindow;
   schedule::ShortWindowSchedule schedule;
   DeviceTraits device;
-  std::string key;  // cache key of the module
+  std::string key;                 // cache key of the module
   int backward_resident_ctas = 1;  // backward CTAs per SM (from the kernel's registers)
   std::shared_ptr<const cache::LoadedModule> module;
   CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
@@ -47,9 +47,9 @@ class Service {
   void backward(const BackwardArgs& args, CUstream stream, Family family);
   PrewarmReport prewarm(const Config& config, int device, Family family);
   PrewarmReport compile_for_arch(const Config& config, const std::string& arch, Family family);
-  OffsetReport check_offsets(const std::int32_t* cu, const std::int32_t* cuc, std::int32_t num_segments,
-                             std::int64_t total_tokens, std::int64_t total_comp, std::int32_t ratio,
-                             CUstream stream);
+  OffsetReport check_offsets(const std::int32_t* cu, const std::int32_t* cuc,
+                             std::int32_t num_segments, std::int64_t total_tokens,
+                             std::int64_t total_comp, std::int32_t ratio, CUstream stream);
 
   DeviceTraits device_traits(int ordinal);
   // The current context's device; throws when the thread has no current context.

@@ -33,8 +33,10 @@ struct Shape {
 Shape validate_shape(const Config& c, std::int64_t total_tokens, std::int32_t num_segments,
                      std::int64_t total_comp) {
   validate_config(c);
-  if (num_segments < 0) fail(Status::kInvalidArgument, "num_segments is {} (must be >= 0)", num_segments);
-  if (total_tokens < 0) fail(Status::kInvalidArgument, "total_tokens is {} (must be >= 0)", total_tokens);
+  if (num_segments < 0)
+    fail(Status::kInvalidArgument, "num_segments is {} (must be >= 0)", num_segments);
+  if (total_tokens < 0)
+    fail(Status::kInvalidArgument, "total_tokens is {} (must be >= 0)", total_tokens);
   if (total_comp < 0) fail(Status::kInvalidArgument, "total_comp is {} (must be >= 0)", total_comp);
   Shape s{};
   s.width = static_cast<std::int64_t>(c.coff) * c.head_dim;
@@ -45,8 +47,9 @@ Shape validate_shape(const Config& c, std::int64_t total_tokens, std::int32_t nu
          total_tokens, s.width);
   }
   if (total_comp > (kInt32Limit - 1) / c.head_dim) {
-    fail(Status::kInvalidArgument, "total_comp * head_dim = {} * {} overflows int32 offsets (must be < 2^31)",
-         total_comp, c.head_dim);
+    fail(Status::kInvalidArgument,
+         "total_comp * head_dim = {} * {} overflows int32 offsets (must be < 2^31)", total_comp,
+         c.head_dim);
   }
   if (total_comp > 0 && total_tokens < c.ratio) {
     fail(Status::kInvalidArgument,
@@ -65,8 +68,10 @@ constexpr unsigned kOffsetAlign = 4;
 }  // namespace
 
 void validate_config(const Config& c) {
-  if (c.ratio < 1 || c.ratio > kMaxRatio) fail(Status::kInvalidArgument, "ratio is {} (supported: 1..{})", c.ratio, kMaxRatio);
-  if (c.coff != 1 && c.coff != 2) fail(Status::kInvalidArgument, "coff is {} (supported: 1 or 2)", c.coff);
+  if (c.ratio < 1 || c.ratio > kMaxRatio)
+    fail(Status::kInvalidArgument, "ratio is {} (supported: 1..{})", c.ratio, kMaxRatio);
+  if (c.coff != 1 && c.coff != 2)
+    fail(Status::kInvalidArgument, "coff is {} (supported: 1 or 2)", c.coff);
   if (c.head_dim < 1 || c.head_dim > kMaxHeadDim) {
     fail(Status::kInvalidArgument, "head_dim is {} (supported: 1..{})", c.head_dim, kMaxHeadDim);
   }
@@ -97,7 +102,8 @@ void validate_forward(const ForwardArgs& a) {
 void validate_backward(const BackwardArgs& a) {
   const Shape s = validate_shape(a.config, a.total_tokens, a.num_segments, a.total_comp);
   if ((a.flags & ~(kAccumulateGradApe | kDeterministic)) != 0) {
-    fail(Status::kInvalidArgument, "flags {:#x} has unknown bits (known: CSA_ACCUMULATE_GRAD_APE=1, CSA_DETERMINISTIC=2)",
+    fail(Status::kInvalidArgument,
+         "flags {:#x} has unknown bits (known: CSA_ACCUMULATE_GRAD_APE=1, CSA_DETERMINISTIC=2)",
          a.flags);
   }
   check_pointer(a.kv, "kv", s.token_elems, kDataAlign);

@@ -23,7 +23,8 @@ std::unique_ptr<Driver> Driver::load() {
     fail(Status::kDriverUnavailable, "cannot load the CUDA driver '{}': {}", path,
          why != nullptr ? why : "unknown dlopen error");
   }
-  auto get_proc = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(handle, "cuGetProcAddress_v2"));
+  auto get_proc =
+      reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(handle, "cuGetProcAddress_v2"));
   if (get_proc == nullptr) {
     dlclose(handle);
     fail(Status::kDriverUnavailable,
@@ -32,14 +33,14 @@ std::unique_ptr<Driver> Driver::load() {
   }
   Api api;
   std::string missing;
-#define CSA_RESOLVE_ENTRY(name, ver)                                                      \
-  {                                                                                       \
-    void* fn = nullptr;                                                                   \
-    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;                  \
+#define CSA_RESOLVE_ENTRY(name, ver)                                                       \
+  {                                                                                        \
+    void* fn = nullptr;                                                                    \
+    CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;                   \
     if (get_proc(#name, &fn, ver, kProcFlags, &status) != CUDA_SUCCESS || fn == nullptr) { \
-      missing += missing.empty() ? #name : ", " #name;                                    \
-    }                                                                                     \
-    api.name = reinterpret_cast<PFN_##name##_v##ver>(fn);                                 \
+      missing += missing.empty() ? #name : ", " #name;                                     \
+    }                                                                                      \
+    api.name = reinterpret_cast<PFN_##name##_v##ver>(fn);                                  \
   }
   CSA_DRIVER_FUNCTIONS(CSA_RESOLVE_ENTRY)
 #undef CSA_RESOLVE_ENTRY

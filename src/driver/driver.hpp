@@ -14,49 +14,49 @@
 namespace csa::driver {
 
 // X(name, abi version): the PFN_<name>_v<version> typedef from cudaTypedefs.h.
-#define CSA_DRIVER_FUNCTIONS(X)   \
-  X(cuInit, 2000)                 \
-  X(cuDriverGetVersion, 2020)     \
-  X(cuDeviceGet, 2000)            \
-  X(cuDeviceGetCount, 2000)       \
-  X(cuDeviceGetName, 2000)        \
-  X(cuDeviceGetAttribute, 2000)   \
-  X(cuDeviceTotalMem, 3020)       \
-  X(cuDevicePrimaryCtxRetain, 7000) \
-  X(cuDevicePrimaryCtxRelease, 11000) \
-  X(cuCtxGetCurrent, 4000)        \
-  X(cuCtxSetCurrent, 4000)        \
-  X(cuCtxGetDevice, 2000)         \
-  X(cuLibraryLoadData, 12000)     \
-  X(cuLibraryUnload, 12000)       \
-  X(cuLibraryGetKernel, 12000)    \
-  X(cuKernelGetAttribute, 12000)  \
-  X(cuStreamBeginCapture, 10010)  \
-  X(cuStreamEndCapture, 10000)    \
+#define CSA_DRIVER_FUNCTIONS(X)         \
+  X(cuInit, 2000)                       \
+  X(cuDriverGetVersion, 2020)           \
+  X(cuDeviceGet, 2000)                  \
+  X(cuDeviceGetCount, 2000)             \
+  X(cuDeviceGetName, 2000)              \
+  X(cuDeviceGetAttribute, 2000)         \
+  X(cuDeviceTotalMem, 3020)             \
+  X(cuDevicePrimaryCtxRetain, 7000)     \
+  X(cuDevicePrimaryCtxRelease, 11000)   \
+  X(cuCtxGetCurrent, 4000)              \
+  X(cuCtxSetCurrent, 4000)              \
+  X(cuCtxGetDevice, 2000)               \
+  X(cuLibraryLoadData, 12000)           \
+  X(cuLibraryUnload, 12000)             \
+  X(cuLibraryGetKernel, 12000)          \
+  X(cuKernelGetAttribute, 12000)        \
+  X(cuStreamBeginCapture, 10010)        \
+  X(cuStreamEndCapture, 10000)          \
   X(cuGraphInstantiateWithFlags, 11040) \
-  X(cuGraphLaunch, 10000)         \
-  X(cuGraphExecDestroy, 10000)    \
-  X(cuGraphDestroy, 10000)        \
-  X(cuLaunchKernelEx, 11060)      \
-  X(cuStreamIsCapturing, 10000)   \
-  X(cuStreamCreate, 2000)         \
-  X(cuStreamDestroy, 4000)        \
-  X(cuStreamSynchronize, 2000)    \
-  X(cuMemAlloc, 3020)             \
-  X(cuMemFree, 3020)              \
-  X(cuMemAllocAsync, 11020)       \
-  X(cuMemFreeAsync, 11020)        \
-  X(cuMemcpyHtoD, 3020)           \
-  X(cuMemcpyDtoH, 3020)           \
-  X(cuMemcpyDtoDAsync, 3020)      \
-  X(cuMemsetD8Async, 3020)        \
-  X(cuMemsetD32Async, 3020)       \
-  X(cuEventCreate, 2000)          \
-  X(cuEventDestroy, 4000)         \
-  X(cuEventRecord, 2000)          \
-  X(cuEventSynchronize, 2000)     \
-  X(cuEventElapsedTime, 2000)     \
-  X(cuGetErrorName, 6000)         \
+  X(cuGraphLaunch, 10000)               \
+  X(cuGraphExecDestroy, 10000)          \
+  X(cuGraphDestroy, 10000)              \
+  X(cuLaunchKernelEx, 11060)            \
+  X(cuStreamIsCapturing, 10000)         \
+  X(cuStreamCreate, 2000)               \
+  X(cuStreamDestroy, 4000)              \
+  X(cuStreamSynchronize, 2000)          \
+  X(cuMemAlloc, 3020)                   \
+  X(cuMemFree, 3020)                    \
+  X(cuMemAllocAsync, 11020)             \
+  X(cuMemFreeAsync, 11020)              \
+  X(cuMemcpyHtoD, 3020)                 \
+  X(cuMemcpyDtoH, 3020)                 \
+  X(cuMemcpyDtoDAsync, 3020)            \
+  X(cuMemsetD8Async, 3020)              \
+  X(cuMemsetD32Async, 3020)             \
+  X(cuEventCreate, 2000)                \
+  X(cuEventDestroy, 4000)               \
+  X(cuEventRecord, 2000)                \
+  X(cuEventSynchronize, 2000)           \
+  X(cuEventElapsedTime, 2000)           \
+  X(cuGetErrorName, 6000)               \
   X(cuGetErrorString, 6000)
 
 struct Api {

@@ -29,8 +29,9 @@ void launch(const driver::Driver& driver, CUkernel kernel, const LaunchShape& sh
   config.sharedMemBytes = shape.shared_bytes;
   config.hStream = stream;
   void* args[] = {const_cast<Params*>(&params)};
-  driver.check(driver.api().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr),
-               what);
+  driver.check(
+      driver.api().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr),
+      what);
 }
 
 bool is_capturing(const driver::Driver& driver, CUstream stream);

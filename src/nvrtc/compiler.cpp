@@ -14,7 +14,8 @@ namespace csa::nvrtc {
 namespace {
 
 void check(nvrtcResult result, const char* what) {
-  if (result != NVRTC_SUCCESS) fail(Status::kCompileError, "{} failed: {}", what, nvrtcGetErrorString(result));
+  if (result != NVRTC_SUCCESS)
+    fail(Status::kCompileError, "{} failed: {}", what, nvrtcGetErrorString(result));
 }
 
 // Owns an nvrtcProgram for exception safety.
@@ -51,13 +52,21 @@ class Program {
   std::vector<std::string> contents_;
 };
 
+// The program log without ptxas's timing lines, so that identical compiles give identical
+// bytes (and cache entries).
 std::string program_log(nvrtcProgram program) {
   std::size_t size = 0;
   if (nvrtcGetProgramLogSize(program, &size) != NVRTC_SUCCESS || size <= 1) return {};
   std::string log(size, '\0');
   if (nvrtcGetProgramLog(program, log.data()) != NVRTC_SUCCESS) return {};
   log.resize(size - 1);
-  return log;
+  std::istringstream lines(log);
+  std::string line;
+  std::string kept;
+  while (std::getline(lines, line)) {
+    if (line.find("Compile time =") == std::string::npos) kept += line + "\n";
+  }
+  return kept;
 }
 
 std::string join(const std::vector<std::string>& items) {
@@ -94,9 +103,11 @@ void check_arch(const std::string& arch) {
   if (std::find(archs.begin(), archs.end(), cc) == archs.end()) {
     std::string list;
     for (int a : archs) list += fmt::format("{}sm_{}", list.empty() ? "" : ", ", a);
-    fail(Status::kUnsupported, "arch '{}' is not supported by this NVRTC (supported: {})", arch, list);
+    fail(Status::kUnsupported, "arch '{}' is not supported by this NVRTC (supported: {})", arch,
+         list);
   }
-  if (cc < 80) fail(Status::kUnsupported, "arch '{}': csa needs compute capability 8.0 or newer", arch);
+  if (cc < 80)
+    fail(Status::kUnsupported, "arch '{}': csa needs compute capability 8.0 or newer", arch);
 }
 
 CompileResult Compiler::compile(const CompileRequest& request) const {
@@ -125,7 +136,9 @@ CompileResult Compiler::compile(const CompileRequest& request) const {
   }
   std::size_t size = 0;
   check(nvrtcGetCUBINSize(program.get(), &size), "nvrtcGetCUBINSize");
-  if (size == 0) fail(Status::kCompileError, "NVRTC produced no cubin for {} ({})", request.source_name, request.arch);
+  if (size == 0)
+    fail(Status::kCompileError, "NVRTC produced no cubin for {} ({})", request.source_name,
+         request.arch);
   result.cubin.resize(size);
   check(nvrtcGetCUBIN(program.get(), result.cubin.data()), "nvrtcGetCUBIN");
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -17,9 +17,10 @@ struct Header {
 struct CompileRequest {
   std::string source;       // the translation unit
   std::string source_name;  // shown in diagnostics
-  std::vector<std::string> name_expressions;  // e.g. "csa_kernel::short_window_forward<4,2,128,2,256>"
-  std::vector<std::string> options;           // without the arch option
-  std::string arch;                           // "sm_90", "sm_90a", ...
+  std::vector<std::string>
+      name_expressions;              // e.g. "csa_kernel::short_window_forward<4,2,128,2,256>"
+  std::vector<std::string> options;  // without the arch option
+  std::string arch;                  // "sm_90", "sm_90a", ...
 };
 
 struct CompileResult {

@@ -61,8 +61,10 @@ Slot slot_of(const HostProblem& p, const Window& w, int k, int j) {
   const int r = p.config.ratio;
   const int d = p.config.head_dim;
   const std::int64_t width = static_cast<std::int64_t>(p.config.coff) * d;
-  if (p.config.coff == 1) return {true, (w.t0 + k) * width + j, static_cast<std::int64_t>(k) * width + j};
-  if (k < r) return {!w.first, (w.t0 - r + k) * width + j, static_cast<std::int64_t>(k) * width + j};
+  if (p.config.coff == 1)
+    return {true, (w.t0 + k) * width + j, static_cast<std::int64_t>(k) * width + j};
+  if (k < r)
+    return {!w.first, (w.t0 - r + k) * width + j, static_cast<std::int64_t>(k) * width + j};
   return {true, (w.t0 + k - r) * width + d + j, static_cast<std::int64_t>(k - r) * width + d + j};
 }
 
@@ -75,8 +77,9 @@ void weights(const HostProblem& p, const Window& w, int j, std::vector<T>& prob)
   T m = -std::numeric_limits<T>::infinity();
   for (int k = 0; k < slots; ++k) {
     const Slot sl = slot_of(p, w, k, j);
-    s[k] = sl.valid ? static_cast<T>(bf16_to_float(p.score[sl.offset])) + static_cast<T>(p.ape[sl.ape])
-                    : -std::numeric_limits<T>::infinity();
+    s[k] = sl.valid
+               ? static_cast<T>(bf16_to_float(p.score[sl.offset])) + static_cast<T>(p.ape[sl.ape])
+               : -std::numeric_limits<T>::infinity();
     m = std::fmax(m, s[k]);
   }
   T den = 0;
@@ -165,7 +168,8 @@ void backward_fp32(const HostProblem& problem, const std::uint16_t* grad_out,
     grad_score[sl.offset] = float_to_bf16(ds);
     ape[sl.ape] += ds;
   });
-  for (std::size_t i = 0; i < ape.size(); ++i) grad_ape[i] = accumulate ? grad_ape[i] + ape[i] : ape[i];
+  for (std::size_t i = 0; i < ape.size(); ++i)
+    grad_ape[i] = accumulate ? grad_ape[i] + ape[i] : ape[i];
 }
 
 void backward_fp64(const HostProblem& problem, const std::uint16_t* grad_out, double* grad_kv,

@@ -20,15 +20,20 @@ bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
 namespace {
 
 // Narrow column blocks with many row lanes measured faster on the H200 (more rows in flight).
-int backward_block_x(int ncv) { return std::min(ncv, 32); }
-int backward_block_y(int tx) { return std::max(1, 256 / tx); }
+int backward_block_x(int ncv) {
+  return std::min(ncv, 32);
+}
+int backward_block_y(int tx) {
+  return std::max(1, 256 / tx);
+}
 
 void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& spec) {
   std::istringstream in(spec);
   std::string item;
   while (std::getline(in, item, ',')) {
     const auto eq = item.find('=');
-    if (eq == std::string::npos) fail(Status::kInvalidArgument, "schedule override '{}': expected key=value", item);
+    if (eq == std::string::npos)
+      fail(Status::kInvalidArgument, "schedule override '{}': expected key=value", item);
     const std::string key = item.substr(0, eq);
     int value = 0;
     try {
@@ -36,29 +41,43 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
     } catch (const std::exception&) {
       fail(Status::kInvalidArgument, "schedule override '{}': value is not an integer", item);
     }
-    if (key == "fv") s.forward_vec = value;
-    else if (key == "fwv") s.forward_wide_vec = value;
-    else if (key == "fwmin") s.forward_wide_min_elements = value;
-    else if (key == "ft") s.forward_threads = value;
-    else if (key == "bv") s.backward_vec = value;
-    else if (key == "tx") s.backward_tx = value;
-    else if (key == "ty") s.backward_ty = value;
-    else if (key == "fixed") s.fixed_order_default = value != 0;
-    else fail(Status::kInvalidArgument, "schedule override: unknown field '{}'", key);
+    if (key == "fv")
+      s.forward_vec = value;
+    else if (key == "fwv")
+      s.forward_wide_vec = value;
+    else if (key == "fwmin")
+      s.forward_wide_min_elements = value;
+    else if (key == "ft")
+      s.forward_threads = value;
+    else if (key == "bv")
+      s.backward_vec = value;
+    else if (key == "tx")
+      s.backward_tx = value;
+    else if (key == "ty")
+      s.backward_ty = value;
+    else if (key == "fixed")
+      s.fixed_order_default = value != 0;
+    else
+      fail(Status::kInvalidArgument, "schedule override: unknown field '{}'", key);
   }
-  auto vec_ok = [&](int v) { return (v == 1 || v == 2 || v == 4 || v == 8) && c.head_dim % v == 0; };
+  auto vec_ok = [&](int v) {
+    return (v == 1 || v == 2 || v == 4 || v == 8) && c.head_dim % v == 0;
+  };
   if (!vec_ok(s.forward_vec) || !vec_ok(s.forward_wide_vec) || !vec_ok(s.backward_vec)) {
-    fail(Status::kInvalidArgument, "schedule override: vector width must be 1, 2, 4 or 8 and divide head_dim {}", c.head_dim);
+    fail(Status::kInvalidArgument,
+         "schedule override: vector width must be 1, 2, 4 or 8 and divide head_dim {}", c.head_dim);
   }
   if (s.forward_threads < 32 || s.forward_threads > 1024 || s.backward_tx < 1 ||
       s.backward_ty < 1 || s.backward_tx * s.backward_ty > 1024) {
-    fail(Status::kInvalidArgument, "schedule override: block shape out of range ({})", s.describe());
+    fail(Status::kInvalidArgument, "schedule override: block shape out of range ({})",
+         s.describe());
   }
 }
 
 }  // namespace
 
-ShortWindowSchedule select_short_window(const Config& c, const std::optional<std::string>& override_spec) {
+ShortWindowSchedule select_short_window(const Config& c,
+                                        const std::optional<std::string>& override_spec) {
   ShortWindowSchedule s;
   const bool even = c.head_dim % 2 == 0;
   const int window = c.coff * c.ratio;
@@ -67,9 +86,10 @@ ShortWindowSchedule select_short_window(const Config& c, const std::optional<std
   s.forward_threads = 256;
   // Backward keeps e, kv and grad_ape partials per slot: narrow vectors for wide windows.
   s.backward_vec = (even && window <= 16) ? 2 : 1;
-  // The fixed-order grad_ape reduction (partials + one small kernel) measured as fast as fp32
-  // atomics or faster on the H200, and it is bitwise deterministic: the default.
-  s.fixed_order_default = true;
+  // grad_ape: the fixed-order reduction (partials + one small kernel, bitwise deterministic)
+  // measured faster on the H200 for narrow rows (W < 512); fp32 atomics into a zeroed grad_ape
+  // measured ~5% faster for wide ones (W = 1024).
+  s.fixed_order_default = c.coff * c.head_dim < 512;
   if (override_spec) apply_override(s, c, *override_spec);
   if (!override_spec || override_spec->find("tx=") == std::string::npos) {
     s.backward_tx = backward_block_x(c.head_dim / s.backward_vec);
@@ -91,7 +111,8 @@ int resident_ctas(const SmLimits& sm, int threads, int registers, int shared_byt
 }
 
 int forward_vec_for(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp) {
-  return total_comp * c.head_dim >= s.forward_wide_min_elements ? s.forward_wide_vec : s.forward_vec;
+  return total_comp * c.head_dim >= s.forward_wide_min_elements ? s.forward_wide_vec
+                                                                : s.forward_vec;
 }
 
 BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp,

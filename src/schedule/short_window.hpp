@@ -21,10 +21,10 @@ struct ShortWindowSchedule {
   int forward_wide_vec = 2;
   std::int64_t forward_wide_min_elements = 600000;
   int backward_vec = 2;
-  int backward_tx = 64;  // threads along column vectors
-  int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
-  int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column
-  bool fixed_order_default = true;  // grad_ape without atomics even when not asked to
+  int backward_tx = 64;             // threads along column vectors
+  int backward_ty = 4;              // row lanes per CTA (folded in fixed order for grad_ape)
+  int reduce_lanes = 8;             // fixed-order grad_ape reduction: lanes per column
+  bool fixed_order_default = true;  // grad_ape without atomics even when not asked for
 
   std::string describe() const;
   bool operator==(const ShortWindowSchedule& o) const;
@@ -33,8 +33,9 @@ struct ShortWindowSchedule {
 // The forward vector width for a call with `total_comp` rows.
 int forward_vec_for(const ShortWindowSchedule& s, const Config& config, std::int64_t total_comp);
 
-// `override_spec`: "fv=4,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1" fields replace the rule's choice
-// (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument) on a bad field.
+// `override_spec`: "fv=4,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1" fields replace the
+// rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument) on a bad
+// field.
 ShortWindowSchedule select_short_window(const Config& config,
                                         const std::optional<std::string>& override_spec = {});
 
