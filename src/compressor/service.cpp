@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "common/env.hpp"
 #include "csa_params.h"
@@ -71,12 +72,47 @@ T* device_ptr(CUdeviceptr p) {
 
 Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelStore& store,
                  driver::Loader& loader)
-    : options_(options),
-      logger_(logger),
+    : logger_(logger),
       store_(store),
       loader_(loader),
       compile_options_{options.ptxas_verbose, options.line_info},
       schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")) {}
+
+Service::~Service() {
+  std::string why;
+  driver::Driver* d = loader_.try_get(&why);
+  if (d == nullptr) return;
+  // Errors are ignored: at process exit the driver may already be shutting down.
+  for (const auto& w : workspaces_) d->api().cuMemFree(w.ptr);
+}
+
+CUdeviceptr Service::stream_workspace(CUstream stream, std::size_t bytes) {
+  driver::Driver& d = loader_.get();
+  if (launch::is_capturing(d, stream)) return 0;
+  CUcontext ctx = nullptr;
+  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  unsigned long long context_id = 0;
+  unsigned long long stream_id = 0;
+  d.check(d.api().cuCtxGetId(ctx, &context_id), "cuCtxGetId");
+  d.check(d.api().cuStreamGetId(stream, &stream_id), "cuStreamGetId");
+  std::lock_guard<std::mutex> lock(workspace_mutex_);
+  auto it = std::find_if(workspaces_.begin(), workspaces_.end(), [&](const StreamWorkspace& w) {
+    return w.context_id == context_id && w.stream_id == stream_id;
+  });
+  if (it != workspaces_.end() && it->bytes >= bytes) return it->ptr;
+  const std::size_t grown = std::max<std::size_t>(bytes, 1 << 20);
+  CUdeviceptr ptr = 0;
+  d.check(d.api().cuMemAllocAsync(&ptr, grown, stream), "cuMemAllocAsync (grad_ape workspace)");
+  if (it != workspaces_.end()) {
+    // Stream-ordered: freed after every kernel already queued on this stream that uses it.
+    d.api().cuMemFreeAsync(it->ptr, stream);
+    it->ptr = ptr;
+    it->bytes = grown;
+  } else {
+    workspaces_.push_back({context_id, stream_id, ptr, grown});
+  }
+  return ptr;
+}
 
 cache::ModuleCache& Service::modules() {
   driver::Driver& d = loader_.get();
@@ -163,6 +199,8 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   prepared->key = spec.key.hash;
   auto cubin = store_.get(spec.key, spec.request, compiled);
   prepared->module = modules().get(spec.key, cubin);
+  logger_.debug("prepared {} on device {} ({}): {}", config_label(config), device,
+                prepared->device.arch, prepared->schedule.describe());
   if (resolved == Family::kShortWindow) {
     driver::Driver& d = loader_.get();
     CUdevice dev = 0;

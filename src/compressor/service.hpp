@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cache/kernel_store.hpp"
 #include "cache/module_cache.hpp"
@@ -42,6 +43,9 @@ class Service {
  public:
   Service(const RuntimeOptions& options, Logger& logger, cache::KernelStore& store,
           driver::Loader& loader);
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
 
   void forward(const ForwardArgs& args, CUstream stream, Family family);
   void backward(const BackwardArgs& args, CUstream stream, Family family);
@@ -65,12 +69,26 @@ class Service {
   cache::ModuleCache& modules();
   schedule::ShortWindowSchedule schedule_for(const Config& config) const;
 
-  const RuntimeOptions& options_;
   Logger& logger_;
   cache::KernelStore& store_;
   driver::Loader& loader_;
   CompileOptions compile_options_;
   std::optional<std::string> schedule_override_;
+
+  // Scratch for the fixed-order grad_ape partials, one per (context, stream), grown on demand.
+  // NOTE: keyed by the driver's unique context and stream ids, never by handle values, which
+  // can be reused after a stream is destroyed while its work is still running.
+  struct StreamWorkspace {
+    unsigned long long context_id = 0;
+    unsigned long long stream_id = 0;
+    CUdeviceptr ptr = 0;
+    std::size_t bytes = 0;
+  };
+  // A workspace of at least `bytes` usable in stream order on `stream`, or 0 when the stream
+  // is capturing (the caller then allocates inside the graph).
+  CUdeviceptr stream_workspace(CUstream stream, std::size_t bytes);
+  std::mutex workspace_mutex_;
+  std::vector<StreamWorkspace> workspaces_;
 
   std::once_flag modules_once_;
   std::unique_ptr<cache::ModuleCache> modules_;

@@ -39,6 +39,8 @@ namespace csa::driver {
   X(cuGraphDestroy, 10000)              \
   X(cuLaunchKernelEx, 11060)            \
   X(cuStreamIsCapturing, 10000)         \
+  X(cuStreamGetId, 12000)               \
+  X(cuCtxGetId, 12000)                  \
   X(cuStreamCreate, 2000)               \
   X(cuStreamDestroy, 4000)              \
   X(cuStreamSynchronize, 2000)          \
