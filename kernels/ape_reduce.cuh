@@ -6,31 +6,24 @@
 namespace csa_kernel {
 
 // Block (32, LANES): lane y sums groups y, y+LANES, ... in order; the LANES partial sums are
-// then folded by a fixed pairwise tree. Every order is fixed by (groups, LANES): deterministic.
+// then added in lane order.
 template <int LANES>
 __global__ void __launch_bounds__(32 * LANES)
     ape_reduce(const __grid_constant__ ApeReduceParams p) {
-  static_assert((LANES & (LANES - 1)) == 0, "LANES must be a power of two");
   __shared__ float part[LANES][32];
   const int e = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
   if (e < p.elements) {
-#pragma unroll 4
+#pragma unroll 8
     for (int g = threadIdx.y; g < p.groups; g += LANES)
       s = __fadd_rn(s, p.workspace[static_cast<long long>(g) * p.elements + e]);
   }
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
-#pragma unroll
-  for (int half = LANES / 2; half > 0; half /= 2) {
-    if (threadIdx.y < half) {
-      part[threadIdx.y][threadIdx.x] =
-          __fadd_rn(part[threadIdx.y][threadIdx.x], part[threadIdx.y + half][threadIdx.x]);
-    }
-    __syncthreads();
-  }
   if (threadIdx.y != 0 || e >= p.elements) return;
-  const float total = part[0][threadIdx.x];
+  float total = part[0][threadIdx.x];
+#pragma unroll
+  for (int y = 1; y < LANES; ++y) total = __fadd_rn(total, part[y][threadIdx.x]);
   p.grad_ape[e] = p.accumulate ? __fadd_rn(p.grad_ape[e], total) : total;
 }
 

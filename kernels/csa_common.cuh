@@ -243,21 +243,23 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
     return w;
   }
   const int s = find_segment(cuc, num_segments, row);
-  const int c0 = __ldg(cuc + s);
   const int c1 = __ldg(cuc + s + 1);
-  long long block = static_cast<long long>(row) - c0;
-  if (block < 0) block = 0;
-  const long long t0 = static_cast<long long>(__ldg(cu + s)) + block * RATIO;
+  // 32-bit arithmetic throughout: block <= total_tokens / RATIO and the segment start is
+  // clamped to [0, total_tokens], so t0 < 2 * total_tokens < 2^32 fits an unsigned.
+  int block = row - __ldg(cuc + s);
+  block = block < 0 ? 0 : min(block, total_tokens / RATIO);
+  const unsigned start = static_cast<unsigned>(min(max(__ldg(cu + s), 0), total_tokens));
+  const unsigned t0 = start + static_cast<unsigned>(block) * RATIO;
   int lo = block > 0 ? RATIO : 0;
   const int hi = total_tokens - RATIO;
   if (lo > hi) {
     lo = 0;
     block = 0;
   }
-  w.t0 = clamp_i32(t0, lo, hi);
+  w.t0 = static_cast<int>(min(max(t0, static_cast<unsigned>(lo)), static_cast<unsigned>(hi)));
   w.first = block == 0;
   w.last = row + 1 >= c1;
-  w.seg_end = clamp_i32(__ldg(cu + s + 1), 0, total_tokens);
+  w.seg_end = min(max(__ldg(cu + s + 1), 0), total_tokens);
   return w;
 }
 
