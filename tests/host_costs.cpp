@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "api/runtime_impl.hpp"
@@ -123,6 +124,39 @@ int main() {
   rt.backward(b, stream.get());
   stream.synchronize();
   report("csa backward (fixed order)", median_ns(25, 20, [&] { rt.backward(b, stream.get()); }));
+  stream.synchronize();
+  // The same calls, each issued to an idle stream (synchronised first, outside the timing).
+  auto idle = [&](const char* what, const std::function<void()>& fn) {
+    std::vector<double> t;
+    for (int i = 0; i < 101; ++i) {
+      stream.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      t.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    report(what, t[t.size() / 2]);
+  };
+  idle("idle: cuLaunchKernelEx", [&] { api.cuLaunchKernelEx(&cfg, function, args, nullptr); });
+  idle("idle: 2x cuLaunchKernelEx", [&] {
+    api.cuLaunchKernelEx(&cfg, function, args, nullptr);
+    api.cuLaunchKernelEx(&cfg, function, args, nullptr);
+  });
+  idle("idle: csa forward", [&] { rt.forward(f, stream.get()); });
+  idle("idle: csa backward fixed", [&] { rt.backward(b, stream.get()); });
+  b.config = {4, 512, 2};
+  rt.prewarm(b.config, 0);
+  csa::device::Buffer big(rt, 3 * 64 * 1024 * 2 + 4 * 1024 * 4 + 16 * 512 * 2);
+  b.kv = b.score = big.get();
+  b.grad_kv = b.grad_score = big.get();
+  b.grad_out = big.get();
+  b.grad_ape = reinterpret_cast<float*>(static_cast<char*>(big.get()) + 3 * 64 * 1024 * 2);
+  b.ape = b.grad_ape;
+  rt.backward(b, stream.get());
+  idle("idle: csa backward atomic", [&] { rt.backward(b, stream.get()); });
+  b.flags = csa::kDeterministic;
+  rt.backward(b, stream.get());
+  idle("idle: csa backward det", [&] { rt.backward(b, stream.get()); });
   stream.synchronize();
   return 0;
 }

@@ -356,9 +356,12 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
     launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
     return;
   }
-  StreamScratch workspace(d, static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float),
-                          stream);
-  params.workspace = device_ptr<float>(workspace.get());
+  const std::size_t workspace_bytes =
+      static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float);
+  CUdeviceptr workspace = stream_workspace(stream, workspace_bytes);
+  std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
+  if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
+  params.workspace = device_ptr<float>(workspace);
   launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
   csa_kernel::ApeReduceParams reduce{};
   reduce.workspace = params.workspace;
