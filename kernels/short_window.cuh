@@ -6,6 +6,41 @@
 
 namespace csa_kernel {
 
+// One row's window, every load issued before any arithmetic (one memory round trip): s_k =
+// score_k + ape_k and kv_k for each slot; the previous half only when `use_prev`. `base` is
+// the row's first own-block token times W plus the column.
+// NOTE: 64-bit row bases, so that every slot's load is the base plus a constant offset.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int NPREV>
+__device__ __forceinline__ void load_window(const csa_u16* score, const csa_u16* kv,
+                                            const float* ape, long long base, int col,
+                                            bool use_prev, float (&prev_s)[NPREV][VEC],
+                                            float (&prev_kv)[NPREV][VEC],
+                                            float (&own_s)[RATIO][VEC],
+                                            float (&own_kv)[RATIO][VEC]) {
+  constexpr int W = COFF * HEAD_DIM;
+  constexpr int OWN = (COFF - 1) * HEAD_DIM;
+  if (use_prev) {
+#pragma unroll
+    for (int k = 0; k < NPREV; ++k) {
+      float sc[VEC], ap[VEC];
+      load_bf16<VEC>(score + base - (RATIO - k) * W, sc);
+      load_bf16<VEC>(kv + base - (RATIO - k) * W, prev_kv[k]);
+      load_f32<VEC>(ape + col + k * W, ap);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) prev_s[k][v] = __fadd_rn(sc[v], ap[v]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < RATIO; ++k) {
+    float sc[VEC], ap[VEC];
+    load_bf16<VEC>(score + base + k * W + OWN, sc);
+    load_bf16<VEC>(kv + base + k * W + OWN, own_kv[k]);
+    load_f32<VEC>(ape + col + k * W + OWN, ap);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) own_s[k][v] = __fadd_rn(sc[v], ap[v]);
+  }
+}
+
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS>
 __global__ void __launch_bounds__(THREADS)
     short_window_forward(const __grid_constant__ ForwardParams p) {
@@ -13,7 +48,6 @@ __global__ void __launch_bounds__(THREADS)
   static_assert(HEAD_DIM % VEC == 0, "VEC must divide head_dim");
   constexpr int W = COFF * HEAD_DIM;
   constexpr int NCV = HEAD_DIM / VEC;
-  constexpr int OWN = (COFF - 1) * HEAD_DIM;  // column offset of the own-block half
   constexpr int NPREV = COFF == 2 ? RATIO : 1;
 
   const long long gid = static_cast<long long>(blockIdx.x) * THREADS + threadIdx.x;
@@ -24,37 +58,11 @@ __global__ void __launch_bounds__(THREADS)
   const RowWindow w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
                                         p.total_tokens, row, rows_valid);
   const bool use_prev = COFF == 2 && !w.first;
-  // NOTE: 64-bit row bases, so that every slot's load is the base plus a constant offset.
   const long long base = static_cast<long long>(w.t0) * W + col;
-  const csa_u16* score_own = p.score + base + OWN;
-  const csa_u16* kv_own = p.kv + base + OWN;
-  const csa_u16* score_prev = p.score + base - RATIO * W;
-  const csa_u16* kv_prev = p.kv + base - RATIO * W;
-  const float* ape = p.ape + col;
-
-  // Every load of the window is issued before any arithmetic: one memory round trip.
   float prev_s[NPREV][VEC], prev_kv[NPREV][VEC];
   float own_s[RATIO][VEC], own_kv[RATIO][VEC];
-  if (use_prev) {
-#pragma unroll
-    for (int k = 0; k < NPREV; ++k) {
-      float sc[VEC], ap[VEC];
-      load_bf16<VEC>(score_prev + k * W, sc);
-      load_bf16<VEC>(kv_prev + k * W, prev_kv[k]);
-      load_f32<VEC>(ape + k * W, ap);
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) prev_s[k][v] = __fadd_rn(sc[v], ap[v]);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < RATIO; ++k) {
-    float sc[VEC], ap[VEC];
-    load_bf16<VEC>(score_own + k * W, sc);
-    load_bf16<VEC>(kv_own + k * W, own_kv[k]);
-    load_f32<VEC>(ape + k * W + OWN, ap);
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) own_s[k][v] = __fadd_rn(sc[v], ap[v]);
-  }
+  load_window<RATIO, COFF, HEAD_DIM, VEC, NPREV>(p.score, p.kv, p.ape, base, col, use_prev, prev_s,
+                                                 prev_kv, own_s, own_kv);
   softmax_weights<NPREV, RATIO, VEC>(prev_s, own_s, use_prev);
 
   float acc[VEC];
@@ -137,34 +145,10 @@ __global__ void __launch_bounds__(TX* TY)
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
       const long long base = static_cast<long long>(w.t0) * W + col;
-      const csa_u16* score_own = p.score + base + OWN;
-      const csa_u16* kv_own = p.kv + base + OWN;
-      const csa_u16* score_prev = p.score + base - RATIO * W;
-      const csa_u16* kv_prev = p.kv + base - RATIO * W;
-      const float* ape = p.ape + col;
-
       float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
       float own_e[RATIO][VEC], own_kv[RATIO][VEC];
-      if (use_prev) {
-#pragma unroll
-        for (int k = 0; k < NPREV; ++k) {
-          float sc[VEC], ap[VEC];
-          load_bf16<VEC>(score_prev + k * W, sc);
-          load_bf16<VEC>(kv_prev + k * W, prev_kv[k]);
-          load_f32<VEC>(ape + k * W, ap);
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) prev_e[k][v] = __fadd_rn(sc[v], ap[v]);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < RATIO; ++k) {
-        float sc[VEC], ap[VEC];
-        load_bf16<VEC>(score_own + k * W, sc);
-        load_bf16<VEC>(kv_own + k * W, own_kv[k]);
-        load_f32<VEC>(ape + k * W + OWN, ap);
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) own_e[k][v] = __fadd_rn(sc[v], ap[v]);
-      }
+      load_window<RATIO, COFF, HEAD_DIM, VEC, NPREV>(p.score, p.kv, p.ape, base, col, use_prev,
+                                                     prev_e, prev_kv, own_e, own_kv);
       // p_k replaces s_k in place.
       softmax_weights<NPREV, RATIO, VEC>(prev_e, own_e, use_prev);
 

@@ -53,6 +53,8 @@ TEST(NvrtcCompile, EveryShippedShortWindowConfigurationWithoutLocalMemory) {
         std::lock_guard<std::mutex> lock(mutex);
         max_registers = std::max(max_registers, r.max_registers);
         if (r.max_registers <= 0) failures.push_back(what + ": no ptxas report");
+        if (r.ptxas_log.find("warning") != std::string::npos)
+          failures.push_back(what + ": warnings\n" + r.ptxas_log);
         if (r.spill_bytes != 0 || r.stack_bytes != 0) {
           failures.push_back(fmt::format("{}: spill {} B, stack {} B\n{}", what, r.spill_bytes,
                                          r.stack_bytes, r.ptxas_log));

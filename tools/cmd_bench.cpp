@@ -199,7 +199,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     const double target = slope * floor_us + offset_us;
     rows.push_back({{"shape", fmt::format("{},{}", format_config(c), shape.pack.label)},
                     {"direction", dir},
-                    {"megabytes", bytes / 1e6},
+                    {"megabytes", static_cast<double>(bytes) / 1e6},
                     {"floor_us", floor_us},
                     {"kernel_us", cold},
                     {"ratio_to_floor", cold / floor_us},
@@ -259,7 +259,7 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
                            {"l2_bytes", dev.l2_bytes}, {"copy_bandwidth_tb_s", bandwidth / 1e12},
                            {"library", version()},     {"rows", nlohmann::json::array()}};
   fmt::print("device: {} ({} SMs, L2 {:.0f} MB), copy bandwidth {:.2f} TB/s (read+write)\n",
-             dev.name, dev.sm_count, dev.l2_bytes / 1e6, bandwidth / 1e12);
+             dev.name, dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, bandwidth / 1e12);
   fmt::print(
       "kernel: CUDA-graph replay of back-to-back calls over input sets rotated past the L2 "
       "(median); "

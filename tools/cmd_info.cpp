@@ -19,14 +19,15 @@ void add_info_command(CLI::App& app, Runtime*& runtime) {
                  (d.driver_version % 1000) / 10, d.devices.size());
       for (const auto& dev : d.devices) {
         fmt::print("  [{}] {} sm_{}{} {} SMs, L2 {:.0f} MB, {:.1f} GiB\n", dev.ordinal, dev.name,
-                   dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes / 1e6,
-                   dev.memory_bytes / double(1 << 30));
+                   dev.cc_major, dev.cc_minor, dev.sm_count,
+                   static_cast<double>(dev.l2_bytes) / 1e6,
+                   static_cast<double>(dev.memory_bytes) / double(1 << 30));
       }
     }
     const CacheInfo c = runtime->cache_info();
-    fmt::print("cache: {} ({}), {} entries, {:.1f} MB\n",
-               c.directory.empty() ? "(none)" : c.directory,
-               c.persistent ? "on disk" : "memory only", c.entries, c.bytes / 1e6);
+    fmt::print(
+        "cache: {} ({}), {} entries, {:.1f} MB\n", c.directory.empty() ? "(none)" : c.directory,
+        c.persistent ? "on disk" : "memory only", c.entries, static_cast<double>(c.bytes) / 1e6);
   });
 }
 

@@ -22,7 +22,7 @@ std::string format_config(const Config& c) {
 
 }  // namespace csa::tools
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"csa: fused CUDA kernels for the CSA/HCA Compressor (runtime-compiled with NVRTC)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", csa::version());
@@ -41,9 +41,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const csa::Error& e) {
+  } catch (const std::exception& e) {  // csa::Error and anything else: a message, exit 1
     fmt::print(stderr, "{}\n", e.what());
     return 1;
   }
   return 0;
+} catch (...) {
+  std::fputs("csa: unexpected error\n", stderr);
+  return 1;
 }

@@ -63,6 +63,19 @@ class StreamScratch {
   CUdeviceptr ptr_ = 0;
 };
 
+// The inputs and sizes both kernel parameter structs share. Sizes fit int32: validated.
+template <typename Params, typename Args>
+void fill_inputs(Params& params, const Args& a) {
+  params.kv = static_cast<const csa_u16*>(a.kv);
+  params.score = static_cast<const csa_u16*>(a.score);
+  params.ape = a.ape;
+  params.cu_seqlens = a.cu_seqlens;
+  params.cu_seqlens_comp = a.cu_seqlens_comp;
+  params.total_tokens = static_cast<csa_i32>(a.total_tokens);
+  params.num_segments = a.num_segments;
+  params.total_comp = static_cast<csa_i32>(a.total_comp);
+}
+
 template <typename T>
 T* device_ptr(CUdeviceptr p) {
   return reinterpret_cast<T*>(static_cast<std::uintptr_t>(p));
@@ -269,15 +282,8 @@ void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
   if (a.total_comp == 0) return;  // nothing to write
   const Prepared& p = prepared_for_call(a.config, family, stream);
   csa_kernel::ForwardParams params{};
-  params.kv = static_cast<const csa_u16*>(a.kv);
-  params.score = static_cast<const csa_u16*>(a.score);
-  params.ape = a.ape;
-  params.cu_seqlens = a.cu_seqlens;
-  params.cu_seqlens_comp = a.cu_seqlens_comp;
+  fill_inputs(params, a);
   params.out = static_cast<csa_u16*>(a.out);
-  params.total_tokens = static_cast<csa_i32>(a.total_tokens);
-  params.num_segments = a.num_segments;
-  params.total_comp = static_cast<csa_i32>(a.total_comp);
   launch::LaunchShape shape;
   if (p.family == Family::kReference) {
     shape.grid_x = blocks_for(a.total_comp * a.config.head_dim, kReferenceThreads);
@@ -305,18 +311,11 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   const bool accumulate = (a.flags & kAccumulateGradApe) != 0;
 
   csa_kernel::BackwardParams params{};
-  params.kv = static_cast<const csa_u16*>(a.kv);
-  params.score = static_cast<const csa_u16*>(a.score);
-  params.ape = a.ape;
-  params.cu_seqlens = a.cu_seqlens;
-  params.cu_seqlens_comp = a.cu_seqlens_comp;
+  fill_inputs(params, a);
   params.grad_out = static_cast<const csa_u16*>(a.grad_out);
   params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
   params.grad_score = static_cast<csa_u16*>(a.grad_score);
   params.grad_ape = a.grad_ape;
-  params.total_tokens = static_cast<csa_i32>(a.total_tokens);
-  params.num_segments = a.num_segments;
-  params.total_comp = static_cast<csa_i32>(a.total_comp);
   params.accumulate = accumulate ? 1 : 0;
 
   if (p.family == Family::kReference) {

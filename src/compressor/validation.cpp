@@ -89,28 +89,34 @@ Family resolve_family(const Config& c, Family family) {
   return Family::kShortWindow;
 }
 
-void validate_forward(const ForwardArgs& a) {
+namespace {
+
+// The shape and the inputs both directions share (ForwardArgs or BackwardArgs).
+template <typename Args>
+Shape validate_inputs(const Args& a) {
   const Shape s = validate_shape(a.config, a.total_tokens, a.num_segments, a.total_comp);
   check_pointer(a.kv, "kv", s.token_elems, kDataAlign);
   check_pointer(a.score, "score", s.token_elems, kDataAlign);
   check_pointer(a.ape, "ape", s.ape_elems, kDataAlign);
   check_pointer(a.cu_seqlens, "cu_seqlens", a.num_segments + 1, kOffsetAlign);
   check_pointer(a.cu_seqlens_comp, "cu_seqlens_comp", a.num_segments + 1, kOffsetAlign);
+  return s;
+}
+
+}  // namespace
+
+void validate_forward(const ForwardArgs& a) {
+  const Shape s = validate_inputs(a);
   check_pointer(a.out, "out", s.comp_elems, kDataAlign);
 }
 
 void validate_backward(const BackwardArgs& a) {
-  const Shape s = validate_shape(a.config, a.total_tokens, a.num_segments, a.total_comp);
+  const Shape s = validate_inputs(a);
   if ((a.flags & ~(kAccumulateGradApe | kDeterministic)) != 0) {
     fail(Status::kInvalidArgument,
          "flags {:#x} has unknown bits (known: CSA_ACCUMULATE_GRAD_APE=1, CSA_DETERMINISTIC=2)",
          a.flags);
   }
-  check_pointer(a.kv, "kv", s.token_elems, kDataAlign);
-  check_pointer(a.score, "score", s.token_elems, kDataAlign);
-  check_pointer(a.ape, "ape", s.ape_elems, kDataAlign);
-  check_pointer(a.cu_seqlens, "cu_seqlens", a.num_segments + 1, kOffsetAlign);
-  check_pointer(a.cu_seqlens_comp, "cu_seqlens_comp", a.num_segments + 1, kOffsetAlign);
   check_pointer(a.grad_out, "grad_out", s.comp_elems, kDataAlign);
   check_pointer(a.grad_kv, "grad_kv", s.token_elems, kDataAlign);
   check_pointer(a.grad_score, "grad_score", s.token_elems, kDataAlign);
