@@ -132,7 +132,8 @@ int main() {
       stream.synchronize();
       const auto t0 = std::chrono::steady_clock::now();
       fn();
-      t.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+      t.push_back(
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(t.begin(), t.end());
     report(what, t[t.size() / 2]);

@@ -141,15 +141,15 @@ inline std::string tolerance_failure(const std::vector<std::uint16_t>& got,
 }
 
 // SPEC §2 item 4: max|fused - fp64| <= max|ref - fp64| * (1 + 1e-6) + 1e-4.
-template <typename Got, typename Ref, typename ToDouble>
+template <typename Got, typename Ref, typename AsDouble>
 std::string parity_failure(const std::vector<Got>& got, const std::vector<Ref>& ref,
-                           const std::vector<double>& oracle, ToDouble to_double,
+                           const std::vector<double>& oracle, AsDouble as_double,
                            const char* name) {
   double err_got = 0.0;
   double err_ref = 0.0;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    err_got = std::max(err_got, std::fabs(to_double(got[i]) - oracle[i]));
-    err_ref = std::max(err_ref, std::fabs(to_double(ref[i]) - oracle[i]));
+    err_got = std::max(err_got, std::fabs(as_double(got[i]) - oracle[i]));
+    err_ref = std::max(err_ref, std::fabs(as_double(ref[i]) - oracle[i]));
   }
   if (err_got <= err_ref * (1 + 1e-6) + 1e-4) return {};
   return std::string(name) + ": fp64 parity fails: fused error " + std::to_string(err_got) +
