@@ -216,6 +216,22 @@ TEST(DiskCache, EightProcessesRacingOneColdKey) {
   EXPECT_FALSE(Runtime(options_for(dir.path())).compile_for_arch(kConfig, "sm_90").compiled);
 }
 
+TEST(DiskCache, DisabledJitServesOnlyPrewarmedEntries) {
+  TempDir dir;
+  RuntimeOptions no_jit = options_for(dir.path());
+  no_jit.jit_enabled = false;
+  try {
+    Runtime(no_jit).compile_for_arch(kConfig, "sm_90");
+    FAIL() << "compiled with JIT disabled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::kJitDisabled);
+    EXPECT_NE(std::string(e.what()).find("csa prewarm"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(files_with(dir.path(), ".cubin").empty());
+  EXPECT_TRUE(Runtime(options_for(dir.path())).compile_for_arch(kConfig, "sm_90").compiled);
+  EXPECT_FALSE(Runtime(no_jit).compile_for_arch(kConfig, "sm_90").compiled);  // from the cache
+}
+
 TEST(DiskCache, ClearRemovesEntries) {
   TempDir dir;
   Runtime rt(options_for(dir.path()));
