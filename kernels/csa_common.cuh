@@ -233,22 +233,26 @@ struct RowWindow {
 // so that [t0 - ratio (when !first), t0 + ratio) and the tail stay inside [0, total_tokens).
 template <int RATIO>
 __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, int num_segments,
-                                                int total_tokens, int row, int rows_valid) {
+                                                int total_tokens, int row) {
   RowWindow w;
-  if (row >= rows_valid) {  // padding row: block 0 of a segment starting at token 0
-    w.t0 = 0;
-    w.seg_end = 0;
-    w.first = true;
-    w.last = false;
-    return w;
-  }
+  w.t0 = 0;
+  w.seg_end = 0;
+  w.first = true;
+  w.last = false;
+  if (num_segments <= 0) return w;  // no segments: every row is a padding row
+  // A row at or past cuc[B] is a padding row: the search then ends at the last segment with
+  // row >= cuc[s + 1]. Deciding it from the segment's own offsets keeps one dependent load
+  // (cuc[B]) off the path to the window's loads.
   const int s = find_segment(cuc, num_segments, row);
+  const int c0 = __ldg(cuc + s);
   const int c1 = __ldg(cuc + s + 1);
+  const int cu0 = __ldg(cu + s);
+  const int cu1 = __ldg(cu + s + 1);
   // 32-bit arithmetic throughout: block <= total_tokens / RATIO and the segment start is
   // clamped to [0, total_tokens], so t0 < 2 * total_tokens < 2^32 fits an unsigned.
-  int block = row - __ldg(cuc + s);
+  int block = row - c0;
   block = block < 0 ? 0 : min(block, total_tokens / RATIO);
-  const unsigned start = static_cast<unsigned>(min(max(__ldg(cu + s), 0), total_tokens));
+  const unsigned start = static_cast<unsigned>(min(max(cu0, 0), total_tokens));
   const unsigned t0 = start + static_cast<unsigned>(block) * RATIO;
   int lo = block > 0 ? RATIO : 0;
   const int hi = total_tokens - RATIO;
@@ -256,10 +260,14 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
     lo = 0;
     block = 0;
   }
-  w.t0 = static_cast<int>(min(max(t0, static_cast<unsigned>(lo)), static_cast<unsigned>(hi)));
-  w.first = block == 0;
-  w.last = row + 1 >= c1;
-  w.seg_end = min(max(__ldg(cu + s + 1), 0), total_tokens);
+  // Padding rows: block 0 of a segment starting at token 0.
+  const bool padding = row >= c1;
+  w.t0 = padding
+             ? 0
+             : static_cast<int>(min(max(t0, static_cast<unsigned>(lo)), static_cast<unsigned>(hi)));
+  w.first = padding || block == 0;
+  w.last = !padding && row + 1 >= c1;
+  w.seg_end = padding ? 0 : min(max(cu1, 0), total_tokens);
   return w;
 }
 

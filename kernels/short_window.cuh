@@ -54,9 +54,8 @@ __global__ void __launch_bounds__(THREADS)
   if (gid >= static_cast<long long>(p.total_comp) * NCV) return;
   const int row = static_cast<int>(gid / NCV);
   const int col = static_cast<int>(gid - static_cast<long long>(row) * NCV) * VEC;
-  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
-  const RowWindow w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
-                                        p.total_tokens, row, rows_valid);
+  const RowWindow w =
+      locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
   const bool use_prev = COFF == 2 && !w.first;
   const long long base = static_cast<long long>(w.t0) * W + col;
   float prev_s[NPREV][VEC], prev_kv[NPREV][VEC];
@@ -139,8 +138,8 @@ __global__ void __launch_bounds__(TX* TY)
     const int row_end = static_cast<int>(
         row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
     for (int row = static_cast<int>(row_begin) + ty; row < row_end; row += TY) {
-      const RowWindow w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
-                                            p.total_tokens, row, rows_valid);
+      const RowWindow w =
+          locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
       const bool use_prev = COFF == 2 && !w.first;
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
