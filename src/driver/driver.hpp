@@ -31,6 +31,7 @@ namespace csa::driver {
   X(cuLibraryUnload, 12000)             \
   X(cuLibraryGetKernel, 12000)          \
   X(cuKernelGetAttribute, 12000)        \
+  X(cuKernelSetAttribute, 12000)        \
   X(cuKernelGetFunction, 12000)         \
   X(cuStreamBeginCapture, 10010)        \
   X(cuStreamEndCapture, 10000)          \
