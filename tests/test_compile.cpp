@@ -1,5 +1,6 @@
-// NVRTC compiles every shipped short-window configuration for sm_80, sm_90 and sm_100 with no
-// spills and no local memory; compile failures carry the log and the options.
+// NVRTC compiles every shipped configuration (short- and long-window, every bucket kernel) for
+// sm_80, sm_90 and sm_100 with no spills and no local memory; compile failures carry the log and
+// the options.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -25,10 +26,16 @@ std::vector<Config> shipped_configs() {
   out.push_back({4, 4096, 2});
   out.push_back({16, 4096, 2});
   out.push_back({16, 1, 1});
+  // Long-window family: the crossover ratio, the powers of two up to 256, widest head_dim.
+  for (int ratio : {17, 32, 64, 128, 256})
+    for (int coff : {1, 2})
+      for (int d : {65, 128, 512}) out.push_back({ratio, d, coff});
+  out.push_back({128, 4096, 1});
+  out.push_back({256, 4096, 2});
   return out;
 }
 
-TEST(NvrtcCompile, EveryShippedShortWindowConfigurationWithoutLocalMemory) {
+TEST(NvrtcCompile, EveryShippedConfigurationWithoutLocalMemory) {
   RuntimeOptions o;
   o.disk_cache = false;
   Runtime rt(o);

@@ -77,3 +77,182 @@ TEST(ShortWindowSchedule, OverrideIsValidated) {
 
 }  // namespace
 }  // namespace csa::test
+
+// The JSON schedule table: embedded tables, every rejection, bucket boundaries, launch-only
+// fields outside the cache key.
+#include "compressor/kernel_spec.hpp"
+#include "schedule/table.hpp"
+
+namespace csa::test {
+namespace {
+
+std::string table_text(const std::string& bucket_override = "", const std::string& extra = "") {
+  const std::string bucket = bucket_override.empty()
+                                 ? R"({"max_rows": null, "vec": 2, "cols": 32, "threads": 256,
+                                       "serial": false, "fast_exp": true, "rows_per_cta": 0})"
+                                 : bucket_override;
+  return R"({"schema_version": 1, "arch": "sm_90", "origin": "test",)" + extra +
+         R"( "entries": [{"family": "long_window", "direction": "backward", "coff": 2,
+             "head_dim": [1, 4096], "ratio": [17, 256], "buckets": [)" +
+         bucket + "]}]}";
+}
+
+void expect_rejected(const std::string& text, const std::string& fragment) {
+  try {
+    schedule::parse_schedule_table(text, "t.json");
+    ADD_FAILURE() << "accepted; expected an error naming " << fragment;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("t.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(ScheduleTable, EmbeddedTablesLoadForEveryShippedArch) {
+  const auto set = schedule::ScheduleSet::embedded();
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
+    const auto* t = set.table_for(arch);
+    ASSERT_NE(t, nullptr) << arch;
+    EXPECT_EQ(t->arch, arch);
+    EXPECT_FALSE(t->entries.empty());
+  }
+  EXPECT_EQ(set.table_for("sm_89")->arch, "sm_80");  // newest older table
+  EXPECT_EQ(set.table_for("sm_120")->arch, "sm_100");
+  const auto again =
+      schedule::parse_schedule_table(schedule::to_json(*set.table_for("sm_90")), "x");
+  EXPECT_EQ(schedule::to_json(again), schedule::to_json(*set.table_for("sm_90")));
+}
+
+TEST(ScheduleTable, RejectsMalformedTablesNamingTheField) {
+  EXPECT_NO_THROW(schedule::parse_schedule_table(table_text(), "t.json"));
+  expect_rejected("{", "not valid JSON");
+  expect_rejected(R"({"arch": "sm_90", "entries": []})", "schema_version: missing");
+  expect_rejected(R"({"schema_version": 2, "arch": "sm_90", "entries": []})", "schema_version");
+  expect_rejected(R"({"schema_version": 1, "arch": "gpu", "entries": []})", "arch");
+  expect_rejected(table_text("", R"( "colour": 1,)"), "colour: unknown field");
+  auto bucket = [](const std::string& fields) { return R"({"max_rows": null, )" + fields + "}"; };
+  const std::string rest = R"("serial": false, "fast_exp": false)";
+  expect_rejected(table_text(bucket(R"("vec": 3, "cols": 32, "threads": 256, )" + rest)),
+                  "entries[0].buckets[0].vec");
+  expect_rejected(table_text(bucket(R"("vec": 2, "cols": 24, "threads": 256, )" + rest)),
+                  "entries[0].buckets[0].cols");
+  expect_rejected(table_text(bucket(R"("vec": 2, "cols": 64, "threads": 32, )" + rest)),
+                  "entries[0].buckets[0].threads");
+  expect_rejected(
+      table_text(
+          bucket(R"("vec": 2, "cols": 32, "threads": 256, "serial": true, "fast_exp": false)")),
+      "serial backward needs");
+  EXPECT_NO_THROW(schedule::parse_schedule_table(
+      table_text(bucket(
+          R"("form": "staged", "vec": 2, "cols": 32, "threads": 256, "serial": true, "fast_exp": false)")),
+      "t.json"));
+  expect_rejected(
+      table_text(bucket(R"("form": "tiles", "vec": 2, "cols": 32, "threads": 256, )" + rest)),
+      "entries[0].buckets[0].form");
+  expect_rejected(
+      table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256, "serial": 1, "fast_exp": false)")),
+      "entries[0].buckets[0].serial");
+  expect_rejected(table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256)")),
+                  "entries[0].buckets[0].serial: missing");
+  expect_rejected(
+      table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256, "rows_per_cta": -1, )" + rest)),
+      "rows_per_cta");
+  const std::string b = R"("vec": 2, "cols": 32, "threads": 256, )" + rest;
+  expect_rejected(table_text(R"({"max_rows": 64, )" + b + "}"), "last bucket must be unbounded");
+  expect_rejected(table_text(R"({"max_rows": null, )" + b + R"(}, {"max_rows": null, )" + b + "}"),
+                  "entries[0].buckets[0].max_rows");
+  expect_rejected(table_text(R"({"max_rows": 64, )" + b + R"(}, {"max_rows": 64, )" + b +
+                             R"(}, {"max_rows": null, )" + b + "}"),
+                  "entries[0].buckets[1].max_rows: must increase");
+  std::string t = table_text();
+  expect_rejected(std::string(t).replace(t.find("\"backward\""), 10, "\"sideways\""), "direction");
+  expect_rejected(std::string(t).replace(t.find("\"long_window\""), 13, "\"short_window\""),
+                  "entries[0].family");
+  expect_rejected(std::string(t).replace(t.find("[1, 4096]"), 9, "[9, 4]"), "entries[0].head_dim");
+  expect_rejected(std::string(t).replace(t.find("[17, 256]"), 9, "[17, 300]"), "entries[0].ratio");
+  expect_rejected(table_text("", R"( "routing": [{"coff": 1, "head_dim": [1, 4096],
+                                     "long_window_min_ratio": 40}],)"),
+                  "routing[0].long_window_min_ratio");
+}
+
+TEST(ScheduleTable, SelectsBucketsAtEveryBoundary) {
+  const std::string b =
+      R"("vec": 2, "cols": 32, "threads": 256, "serial": false, "fast_exp": false)";
+  auto set = schedule::ScheduleSet::embedded();
+  set.add(schedule::parse_schedule_table(
+      table_text(R"({"max_rows": 0, )" + b + R"(}, {"max_rows": 64, )" + b +
+                 R"(}, {"max_rows": 256, )" + b + R"(}, {"max_rows": null, )" + b + "}"),
+      "t.json"));
+  const Config c{128, 512, 2};
+  const std::vector<std::pair<std::int64_t, int>> expected = {
+      {0, 0}, {1, 1}, {64, 1}, {65, 2}, {256, 2}, {257, 3}, {1 << 20, 3}};
+  for (const auto& [rows, bucket] : expected) {
+    const auto sel = set.select(c, Direction::kBackward, rows, "sm_90");
+    EXPECT_EQ(sel.bucket, bucket) << rows << " rows";
+    EXPECT_LE(sel.rows_min, rows);
+    EXPECT_TRUE(sel.rows_max < 0 || rows <= sel.rows_max);
+  }
+  // No forward entry in this table: the built-in rule.
+  EXPECT_EQ(set.select(c, Direction::kForward, 10, "sm_90").entry, -1);
+  // Routing: ratio 16 stays short-window, 17 goes long.
+  EXPECT_EQ(set.route({16, 512, 2}, "sm_90"), Family::kShortWindow);
+  EXPECT_EQ(set.route({17, 512, 2}, "sm_90"), Family::kLongWindow);
+}
+
+TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {
+  const std::string b1 = R"({"max_rows": 100, "vec": 2, "cols": 32, "threads": 256, "serial": false,
+                              "fast_exp": true, "rows_per_cta": 0})";
+  const std::string b2 = R"({"max_rows": 900, "vec": 2, "cols": 32, "threads": 256, "serial": false,
+                              "fast_exp": true, "rows_per_cta": 7})";
+  const std::string tail = R"({"max_rows": null, "vec": 2, "cols": 16, "threads": 256,
+                                "serial": false, "fast_exp": true})";
+  auto key_of = [&](const std::string& first) {
+    auto set = schedule::ScheduleSet::embedded();
+    set.add(schedule::parse_schedule_table(table_text(first + ", " + tail), "t.json"));
+    const Config c{128, 512, 2};
+    return compressor::make_long_window_spec(c, set.kernels(c, Direction::kForward, "sm_90"),
+                                             set.kernels(c, Direction::kBackward, "sm_90"), "sm_90",
+                                             {}, nullptr)
+        .key.hash;
+  };
+  EXPECT_EQ(key_of(b1), key_of(b2));
+  const std::string b3 = R"({"max_rows": 100, "vec": 2, "cols": 32, "threads": 256, "serial": false,
+                              "fast_exp": false, "rows_per_cta": 0})";
+  EXPECT_NE(key_of(b1), key_of(b3));  // a compile-time field
+}
+
+TEST(ScheduleTable, FittingKeepsEveryScheduleLaunchable) {
+  schedule::LongWindowSchedule s;
+  s.vec = 4;
+  s.cols = 64;
+  s.threads = 256;
+  const auto fwd = Direction::kForward;
+  const auto bwd = Direction::kBackward;
+  EXPECT_EQ(schedule::fit_long_window({128, 65, 1}, s, "sm_90", fwd).vec, 1);
+  EXPECT_EQ(schedule::fit_long_window({128, 6, 1}, s, "sm_90", fwd).vec, 2);
+  EXPECT_EQ(schedule::fit_long_window({128, 6, 1}, s, "sm_90", fwd).cols, 8);
+  s.staged = true;
+  for (const char* arch : {"sm_80", "sm_86", "sm_90", "sm_120"}) {
+    const Config big{256, 4096, 2};
+    const auto f = schedule::fit_long_window(big, s, arch, bwd);
+    EXPECT_LE(schedule::long_window_shared_bytes(big, f), schedule::shared_limit_for_arch(arch));
+    EXPECT_EQ(f.threads % f.cols, 0);
+  }
+  // Lanes form: at least vec window lanes, bounded registers and static shared memory.
+  s.staged = false;
+  for (int ratio : {17, 32, 128, 256})
+    for (int coff : {1, 2})
+      for (int d : {1, 65, 128, 4096})
+        for (Direction dir : {fwd, bwd}) {
+          const auto f = schedule::fit_long_window({ratio, d, coff}, s, "sm_90", dir);
+          const int lanes = f.window_lanes();
+          const int values = (coff * ratio + lanes - 1) / lanes * f.vec;
+          EXPECT_GE(lanes, f.vec);
+          EXPECT_LE(values, dir == fwd ? 32 : 16) << ratio << "," << coff << "," << d;
+          EXPECT_LE(f.threads, 512);
+          EXPECT_EQ(d % f.vec, 0);
+        }
+}
+
+}  // namespace
+}  // namespace csa::test

@@ -119,19 +119,17 @@ TEST_F(Validation, ConfigurationEnvelope) {
   backward_rejected([](auto& a) { a.config.head_dim = 100000; }, kBad, "head_dim");
 }
 
-TEST_F(Validation, RatiosBeyondTheShortWindowFamilyAreUnsupported) {
-  forward_rejected(
-      [](auto& a) {
-        a.config.ratio = 32;
-        a.total_comp = 2;
-      },
-      Status::kUnsupported, "long-window");
-  backward_rejected(
-      [](auto& a) {
-        a.config.ratio = 128;
-        a.total_comp = 0;
-      },
-      Status::kUnsupported, "ratio 128");
+TEST_F(Validation, RatiosBeyondTheShortWindowFamilyAreUnsupportedThere) {
+  ForwardArgs f = forward_args();
+  f.config.ratio = 32;
+  f.total_comp = 2;
+  expect_rejected([&] { runtime_.forward(f, nullptr, Family::kShortWindow); }, Status::kUnsupported,
+                  "beyond the short-window family");
+  BackwardArgs b = backward_args();
+  b.config.ratio = 128;
+  b.total_comp = 0;
+  expect_rejected([&] { runtime_.backward(b, nullptr, Family::kShortWindow); },
+                  Status::kUnsupported, "ratio 128");
 }
 
 TEST_F(Validation, Sizes) {

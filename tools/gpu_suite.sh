@@ -43,6 +43,14 @@ fi
 "$build/csa" bench --json "$out/bench.json" >"$out/bench.txt" 2>&1
 summary+=("bench: rc=$?")
 
+# Long-window shapes (ratio 128 production and experiment shapes).
+long_shapes=()
+for c in 128,1,128 128,2,128 128,1,512 128,2,512; do
+  for pack in 1x4096 1x8192 1x65536 1x131072; do long_shapes+=(-s "$c,$pack"); done
+done
+"$build/csa" bench --no-jit --json "$out/bench_long.json" "${long_shapes[@]}" >"$out/bench_long.txt" 2>&1
+summary+=("bench long-window: rc=$?")
+
 # CSA_SUITE_PROFILE=SHAPE: hardware counters of the kernels of one benchmark shape.
 if [ -n "${CSA_SUITE_PROFILE:-}" ] && command -v ncu >/dev/null; then
   ncu --clock-control none -k regex:short_window -c 6 --section SpeedOfLight --section WarpStateStats \
@@ -61,5 +69,6 @@ for v in "${variants[@]}"; do
 done
 
 cat "$out/bench.txt"
+grep -E '^[0-9]' "$out/bench_long.txt" | grep -v bwd-det
 for f in "$out"/bench_variant_*.txt; do [ -f "$f" ] && { head -1 "$f"; grep -E '^[0-9]' "$f" | awk '{print $1, $2, $5, $6}'; }; done
 printf '%s\n' "${summary[@]}"

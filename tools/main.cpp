@@ -37,6 +37,7 @@ int main(int argc, char** argv) try {
   csa::tools::add_prewarm_command(app, runtime);
   csa::tools::add_cache_command(app, runtime);
   csa::tools::add_bench_command(app, runtime);
+  csa::tools::add_schedule_command(app, runtime);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -56,9 +56,25 @@ struct Config {
   std::int32_t coff = 2;
 };
 
-// Which kernels serve a call. kReference is the plain one-thread-per-element kernel of the
-// SPEC op order, slow, for validation.
-enum class Family { kAuto, kShortWindow, kReference };
+// Which kernels serve a call. kAuto routes by the schedule table (short-window for small
+// ratios, long-window for large ones). kReference is the plain one-thread-per-element kernel
+// of the SPEC op order, slow, for validation.
+enum class Family { kAuto, kShortWindow, kLongWindow, kReference };
+
+enum class Direction { kForward, kBackward };
+
+// The schedule a call of (config, direction, rows) gets on one arch, as the runtime picks it.
+struct ScheduleChoice {
+  Family family = Family::kShortWindow;
+  std::string table_arch;  // the schedule table used; empty: built-in rule
+  std::string table_source;
+  int entry = -1;   // index in the table's entries (-1: built-in rule)
+  int bucket = -1;  // index in the entry's buckets
+  std::int64_t rows_min = 0;
+  std::int64_t rows_max = -1;  // -1: unbounded
+  std::string schedule;        // every launch parameter, "key=value ..."
+  std::string contract;        // "bitwise" (SPEC §2 op order) or "tolerance" (SPEC §2 item 3)
+};
 
 struct ForwardArgs {
   const void* kv = nullptr;                       // (total_tokens, coff*head_dim) bf16
@@ -172,6 +188,16 @@ class CSA_API Runtime {
                              std::int32_t num_segments, std::int64_t total_tokens,
                              std::int64_t total_comp, std::int32_t ratio, Stream stream);
 
+  // Schedule table (long-window family; SPEC §4). Replaces the table of the arch named inside
+  // `json_text`; prepared records made under the old table are retired. Throws Error
+  // (kInvalidArgument) naming `source_name`, the entry and the field of a malformed table.
+  void set_schedule_table(std::string_view json_text, std::string_view source_name = "api");
+  ScheduleChoice select_schedule(const Config& config, Direction direction, std::int64_t rows,
+                                 std::string_view arch);
+  // The table serving `arch`, as JSON (empty when none).
+  std::string schedule_table_json(std::string_view arch);
+  std::vector<std::string> schedule_table_archs();
+
   DriverInfo driver_info();
   CacheInfo cache_info() const;
   std::int64_t clear_disk_cache();  // entries removed
@@ -191,6 +217,9 @@ CSA_API void backward(const BackwardArgs& args, Stream stream);
 CSA_API const char* version() noexcept;
 CSA_API std::string nvrtc_version();
 CSA_API std::vector<std::string> supported_archs();  // NVRTC targets, e.g. "sm_90"
+
+// Parses and validates a schedule table without installing it (throws Error).
+CSA_API void validate_schedule_table(std::string_view json_text, std::string_view source_name);
 
 // The production configurations that `csa prewarm` compiles by default.
 CSA_API std::vector<Config> default_configs();

@@ -4,6 +4,8 @@
 #include "api/runtime_impl.hpp"
 #include "common/env.hpp"
 #include "common/error.hpp"
+#include "compressor/validation.hpp"
+#include "schedule/table.hpp"
 
 namespace csa {
 
@@ -51,6 +53,54 @@ OffsetReport Runtime::check_offsets(const std::int32_t* cu_seqlens,
                                     std::int32_t ratio, Stream stream) {
   return impl_->service.check_offsets(cu_seqlens, cu_seqlens_comp, num_segments, total_tokens,
                                       total_comp, ratio, reinterpret_cast<CUstream>(stream));
+}
+
+void Runtime::set_schedule_table(std::string_view json_text, std::string_view source_name) {
+  impl_->service.set_schedule_table(
+      schedule::parse_schedule_table(json_text, std::string(source_name)));
+}
+
+ScheduleChoice Runtime::select_schedule(const Config& config, Direction direction,
+                                        std::int64_t rows, std::string_view arch) {
+  const std::string a(arch);
+  nvrtc::check_arch(a);
+  compressor::validate_config(config);
+  if (rows < 0) fail(Status::kInvalidArgument, "rows is {} (must be >= 0)", rows);
+  ScheduleChoice choice;
+  choice.family = impl_->service.resolve(config, Family::kAuto, a);
+  if (choice.family == Family::kShortWindow) {
+    choice.schedule = schedule::select_short_window(config).describe();
+    choice.contract = "bitwise";
+    return choice;
+  }
+  const auto set = impl_->service.schedules();
+  const schedule::Selection sel = set->select(config, direction, rows, a);
+  choice.table_arch = sel.table_arch;
+  if (const schedule::ScheduleTable* t = set->table_for(a); t != nullptr && sel.entry >= 0)
+    choice.table_source = t->source;
+  choice.entry = sel.entry;
+  choice.bucket = sel.bucket;
+  choice.rows_min = sel.rows_min;
+  choice.rows_max = sel.rows_max;
+  choice.schedule = sel.schedule.describe();
+  choice.contract = sel.schedule.bitwise() ? "bitwise" : "tolerance";
+  return choice;
+}
+
+std::string Runtime::schedule_table_json(std::string_view arch) {
+  const auto set = impl_->service.schedules();
+  const schedule::ScheduleTable* t = set->table_for(std::string(arch));
+  return t == nullptr ? std::string() : schedule::to_json(*t);
+}
+
+std::vector<std::string> Runtime::schedule_table_archs() {
+  std::vector<std::string> out;
+  for (const auto& [cc, table] : impl_->service.schedules()->tables()) out.push_back(table.arch);
+  return out;
+}
+
+void validate_schedule_table(std::string_view json_text, std::string_view source_name) {
+  schedule::parse_schedule_table(json_text, std::string(source_name));
 }
 
 DriverInfo Runtime::driver_info() {

@@ -59,6 +59,37 @@ ModuleSpec make_module_spec(const Config& c, Family family, const schedule::Shor
   return spec;
 }
 
+ModuleSpec make_long_window_spec(const Config& c,
+                                 const std::vector<schedule::LongWindowSchedule>& forward,
+                                 const std::vector<schedule::LongWindowSchedule>& backward,
+                                 const std::string& arch, const CompileOptions& options,
+                                 LongWindowSlots* slots) {
+  ModuleSpec spec;
+  auto& req = spec.request;
+  req.arch = arch;
+  req.options = base_options(options);
+  req.source = "#include \"long_window.cuh\"\n#include \"ape_reduce.cuh\"\n";
+  const std::string shape = fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim);
+  LongWindowSlots s;
+  s.forward_begin = 0;
+  for (const auto& f : forward) {
+    req.name_expressions.push_back(
+        fmt::format("{}<{},{}>", f.kernel_prefix(Direction::kForward), shape, f.template_args()));
+  }
+  s.backward_begin = static_cast<int>(req.name_expressions.size());
+  for (const auto& b : backward) {
+    req.name_expressions.push_back(
+        fmt::format("{}<{},{}>", b.kernel_prefix(Direction::kBackward), shape, b.template_args()));
+  }
+  s.ape_reduce = static_cast<int>(req.name_expressions.size());
+  req.name_expressions.push_back(fmt::format("csa_kernel::ape_reduce<{}>", kApeReduceLanes));
+  if (slots != nullptr) *slots = s;
+  const std::string label = fmt::format("long-r{}-c{}-d{}-{}", c.ratio, c.coff, c.head_dim, arch);
+  req.source_name = label + ".cu";
+  spec.key = cache::make_key(label, req, kernel_sources_hash());
+  return spec;
+}
+
 ModuleSpec make_utility_spec(const std::string& arch, const CompileOptions& options) {
   ModuleSpec spec;
   auto& req = spec.request;

@@ -6,6 +6,7 @@
 
 #include "cache/key.hpp"
 #include "csa/csa.hpp"
+#include "schedule/long_window.hpp"
 #include "schedule/short_window.hpp"
 
 namespace csa::compressor {
@@ -28,6 +29,17 @@ enum ReferenceKernel : int {
   kRefCount
 };
 
+// Kernel slots of a long-window module: the forward kernels (one per distinct bucket kernel),
+// then the backward kernels, then the grad_ape reduction.
+struct LongWindowSlots {
+  int forward_begin = 0;
+  int backward_begin = 0;
+  int ape_reduce = 0;
+};
+
+// Lanes per column of the long-window grad_ape reduction kernel.
+inline constexpr int kApeReduceLanes = 8;
+
 struct CompileOptions {
   bool ptxas_verbose = true;
   bool line_info = false;
@@ -42,6 +54,14 @@ struct ModuleSpec {
 ModuleSpec make_module_spec(const Config& config, Family family,
                             const schedule::ShortWindowSchedule& schedule, const std::string& arch,
                             const CompileOptions& options);
+
+// One module for every bucket kernel of a long-window configuration, so that prewarm leaves
+// no cold bucket behind.
+ModuleSpec make_long_window_spec(const Config& config,
+                                 const std::vector<schedule::LongWindowSchedule>& forward,
+                                 const std::vector<schedule::LongWindowSchedule>& backward,
+                                 const std::string& arch, const CompileOptions& options,
+                                 LongWindowSlots* slots);
 
 // The small per-arch module holding the device-side offset check.
 ModuleSpec make_utility_spec(const std::string& arch, const CompileOptions& options);

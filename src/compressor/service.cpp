@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "common/env.hpp"
 #include "csa_params.h"
@@ -89,7 +91,40 @@ Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelSto
       store_(store),
       loader_(loader),
       compile_options_{options.ptxas_verbose, options.line_info},
-      schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")) {}
+      schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")) {
+  auto set = std::make_shared<schedule::ScheduleSet>(schedule::ScheduleSet::embedded());
+  if (const auto file = env::get("CSA_SCHEDULE_FILE")) {
+    std::ifstream in(*file, std::ios::binary);
+    if (!in) {
+      fail(Status::kInvalidArgument, "CSA_SCHEDULE_FILE {}: cannot be read", *file);
+    }
+    std::ostringstream text;
+    text << in.rdbuf();
+    set->add(schedule::parse_schedule_table(text.str(), *file));
+    logger_.info("schedule table {} overrides the embedded table of its arch", *file);
+  }
+  schedules_ = std::move(set);
+}
+
+void Service::set_schedule_table(schedule::ScheduleTable table) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto set = std::make_shared<schedule::ScheduleSet>(*schedules_);
+  set->add(std::move(table));
+  schedules_ = std::move(set);
+  for (auto& [key, record] : records_) retired_.push_back(std::move(record));
+  records_.clear();
+}
+
+std::shared_ptr<const schedule::ScheduleSet> Service::schedules() const {
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mutex_));
+  return schedules_;
+}
+
+Family Service::resolve(const Config& config, Family family, const std::string& arch) const {
+  check_family(config, family);
+  if (family != Family::kAuto) return family;
+  return schedules()->route(config, arch);
+}
 
 Service::~Service() {
   std::string why;
@@ -201,12 +236,27 @@ int Service::current_device() {
 
 std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family family, int device,
                                                  bool* compiled) {
-  const Family resolved = resolve_family(config, family);
   auto prepared = std::make_shared<Prepared>();
   prepared->config = config;
-  prepared->family = resolved;
-  prepared->schedule = schedule_for(config);
   prepared->device = device_traits(device);
+  const auto set = schedules();
+  const Family resolved = resolve(config, family, prepared->device.arch);
+  prepared->family = resolved;
+  if (resolved == Family::kLongWindow) {
+    std::vector<schedule::LongWindowSchedule> forward, backward;
+    LongWindowSlots slots;
+    const ModuleSpec spec =
+        long_window_spec(config, prepared->device.arch, *set, &forward, &backward, &slots);
+    prepared->key = spec.key.hash;
+    auto cubin = store_.get(spec.key, spec.request, compiled);
+    prepared->module = modules().get(spec.key, cubin);
+    prepare_long_window(*prepared, *set);
+    logger_.debug("prepared {} on device {} ({}): long-window, {} forward and {} backward kernels",
+                  config_label(config), device, prepared->device.arch, forward.size(),
+                  backward.size());
+    return prepared;
+  }
+  prepared->schedule = schedule_for(config);
   const ModuleSpec spec = make_module_spec(config, resolved, prepared->schedule,
                                            prepared->device.arch, compile_options_);
   prepared->key = spec.key.hash;
@@ -230,6 +280,65 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
         shared);
   }
   return prepared;
+}
+
+ModuleSpec Service::long_window_spec(const Config& config, const std::string& arch,
+                                     const schedule::ScheduleSet& set,
+                                     std::vector<schedule::LongWindowSchedule>* forward,
+                                     std::vector<schedule::LongWindowSchedule>* backward,
+                                     LongWindowSlots* slots) const {
+  *forward = set.kernels(config, Direction::kForward, arch);
+  *backward = set.kernels(config, Direction::kBackward, arch);
+  return make_long_window_spec(config, *forward, *backward, arch, compile_options_, slots);
+}
+
+void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set) {
+  std::vector<schedule::LongWindowSchedule> forward, backward;
+  LongWindowSlots slots;
+  long_window_spec(p.config, p.device.arch, set, &forward, &backward, &slots);
+  driver::Driver& d = loader_.get();
+  CUdevice dev = 0;
+  d.check(d.api().cuDeviceGet(&dev, p.device.ordinal), "cuDeviceGet");
+  auto buckets_of = [&](Direction direction,
+                        const std::vector<schedule::LongWindowSchedule>& kernels, int first_slot) {
+    std::vector<PreparedBucket> out;
+    std::int64_t rows = 0;
+    for (;;) {
+      const schedule::Selection sel = set.select(p.config, direction, rows, p.device.arch);
+      PreparedBucket b;
+      b.max_rows = sel.rows_max;
+      b.schedule = sel.schedule;
+      const auto it = std::find_if(kernels.begin(), kernels.end(),
+                                   [&](const auto& k) { return k.same_kernel(sel.schedule); });
+      b.slot = first_slot + static_cast<int>(it - kernels.begin());
+      b.shared_bytes = schedule::long_window_shared_bytes(p.config, b.schedule);
+      const CUkernel kernel = p.kernel(b.slot);
+      // NOTE: attributes are set here, never on the launch path (not capture-safe to change).
+      if (b.shared_bytes > 0) {
+        d.check(d.api().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                             b.shared_bytes, kernel, dev),
+                fmt::format("cuKernelSetAttribute(max dynamic shared memory {} B) for {}",
+                            b.shared_bytes, config_label(p.config))
+                    .c_str());
+      }
+      int regs = 0;
+      int static_shared = 0;
+      d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel, dev),
+              "cuKernelGetAttribute(registers)");
+      d.check(d.api().cuKernelGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                           kernel, dev),
+              "cuKernelGetAttribute(shared memory)");
+      b.resident_ctas = schedule::resident_ctas(p.device.sm, b.schedule.threads, regs,
+                                                b.shared_bytes + static_shared);
+      out.push_back(b);
+      if (sel.rows_max < 0) break;
+      rows = sel.rows_max + 1;
+    }
+    return out;
+  };
+  p.long_forward = buckets_of(Direction::kForward, forward, slots.forward_begin);
+  p.long_backward = buckets_of(Direction::kBackward, backward, slots.backward_begin);
+  p.long_ape_reduce_slot = slots.ape_reduce;
 }
 
 const Prepared& Service::prepared_for_call(const Config& config, Family family, CUstream stream) {
@@ -266,9 +375,15 @@ PrewarmReport Service::compile_for_arch(const Config& config, const std::string&
                                         Family family) {
   const auto start = std::chrono::steady_clock::now();
   nvrtc::check_arch(arch);
-  const Family resolved = resolve_family(config, family);
-  const ModuleSpec spec =
-      make_module_spec(config, resolved, schedule_for(config), arch, compile_options_);
+  const auto set = schedules();
+  const Family resolved = resolve(config, family, arch);
+  ModuleSpec spec;
+  if (resolved == Family::kLongWindow) {
+    std::vector<schedule::LongWindowSchedule> forward, backward;
+    spec = long_window_spec(config, arch, *set, &forward, &backward, nullptr);
+  } else {
+    spec = make_module_spec(config, resolved, schedule_for(config), arch, compile_options_);
+  }
   bool compiled = false;
   auto cubin = store_.get(spec.key, spec.request, &compiled);
   const double seconds =
@@ -278,9 +393,13 @@ PrewarmReport Service::compile_for_arch(const Config& config, const std::string&
 
 void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
   validate_forward(a);
-  resolve_family(a.config, family);
+  check_family(a.config, family);
   if (a.total_comp == 0) return;  // nothing to write
   const Prepared& p = prepared_for_call(a.config, family, stream);
+  if (p.family == Family::kLongWindow) {
+    forward_long(p, a, stream);
+    return;
+  }
   csa_kernel::ForwardParams params{};
   fill_inputs(params, a);
   params.out = static_cast<csa_u16*>(a.out);
@@ -302,8 +421,12 @@ void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
 
 void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   validate_backward(a);
-  resolve_family(a.config, family);
+  check_family(a.config, family);
   const Prepared& p = prepared_for_call(a.config, family, stream);
+  if (p.family == Family::kLongWindow) {
+    backward_long(p, a, stream);
+    return;
+  }
   driver::Driver& d = driver();
   const Config& c = a.config;
   const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
@@ -373,6 +496,78 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   rshape.block_x = 32;
   rshape.block_y = static_cast<unsigned>(s.reduce_lanes);
   launch::launch(d, p.kernel(kSwApeReduce), rshape, reduce, stream, "grad_ape reduction launch");
+}
+
+namespace {
+
+// Staged form: a 1-D block and dynamic shared memory; lanes form: (column lanes, window lanes).
+void set_block(launch::LaunchShape& shape, const PreparedBucket& b) {
+  if (b.schedule.staged) {
+    shape.block_x = static_cast<unsigned>(b.schedule.threads);
+    shape.shared_bytes = static_cast<unsigned>(b.shared_bytes);
+  } else {
+    shape.block_x = static_cast<unsigned>(b.schedule.cols / b.schedule.vec);
+    shape.block_y = static_cast<unsigned>(b.schedule.window_lanes());
+  }
+}
+
+const PreparedBucket& bucket_for(const std::vector<PreparedBucket>& buckets, std::int64_t rows) {
+  for (const auto& b : buckets)
+    if (b.max_rows < 0 || rows <= b.max_rows) return b;
+  return buckets.back();
+}
+
+}  // namespace
+
+void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream stream) {
+  const PreparedBucket& b = bucket_for(p.long_forward, a.total_comp);
+  csa_kernel::ForwardParams params{};
+  fill_inputs(params, a);
+  params.out = static_cast<csa_u16*>(a.out);
+  launch::LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(a.total_comp);
+  shape.grid_y = static_cast<unsigned>((a.config.head_dim + b.schedule.cols - 1) / b.schedule.cols);
+  set_block(shape, b);
+  launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
+}
+
+void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream stream) {
+  driver::Driver& d = driver();
+  const Config& c = a.config;
+  const std::int64_t ape_elems = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
+  const PreparedBucket& b = bucket_for(p.long_backward, a.total_comp);
+  const auto grid = schedule::long_window_backward_grid(c, b.schedule, a.total_comp,
+                                                        p.device.sm_count, b.resident_ctas);
+  csa_kernel::BackwardParams params{};
+  fill_inputs(params, a);
+  params.grad_out = static_cast<const csa_u16*>(a.grad_out);
+  params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
+  params.grad_score = static_cast<csa_u16*>(a.grad_score);
+  params.grad_ape = a.grad_ape;
+  params.rows_per_cta = grid.rows_per_cta;
+  const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
+                                      static_cast<std::size_t>(ape_elems) * sizeof(float);
+  CUdeviceptr workspace = stream_workspace(stream, workspace_bytes);
+  std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
+  if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
+  params.workspace = device_ptr<float>(workspace);
+  launch::LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(grid.row_groups);
+  shape.grid_y = static_cast<unsigned>(grid.column_slices);
+  set_block(shape, b);
+  launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
+  csa_kernel::ApeReduceParams reduce{};
+  reduce.workspace = params.workspace;
+  reduce.grad_ape = a.grad_ape;
+  reduce.elements = static_cast<csa_i32>(ape_elems);
+  reduce.groups = grid.row_groups;
+  reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;
+  launch::LaunchShape rshape;
+  rshape.grid_x = blocks_for(ape_elems, 32);
+  rshape.block_x = 32;
+  rshape.block_y = static_cast<unsigned>(kApeReduceLanes);
+  launch::launch(d, p.kernel(p.long_ape_reduce_slot), rshape, reduce, stream,
+                 "grad_ape reduction launch");
 }
 
 OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,

@@ -17,6 +17,7 @@
 #include "compressor/kernel_spec.hpp"
 #include "driver/loader.hpp"
 #include "schedule/short_window.hpp"
+#include "schedule/table.hpp"
 
 namespace csa::compressor {
 
@@ -27,14 +28,26 @@ struct DeviceTraits {
   schedule::SmLimits sm;
 };
 
+// One bucket of a long-window direction: its row range end, schedule, kernel and launch data.
+struct PreparedBucket {
+  std::int64_t max_rows = -1;  // -1: unbounded
+  schedule::LongWindowSchedule schedule;
+  int slot = 0;  // kernel slot in the module
+  int shared_bytes = 0;
+  int resident_ctas = 1;  // CTAs per SM (backward grid sizing)
+};
+
 // Everything a call needs, resolved once.
 struct Prepared {
   Config config;
   Family family = Family::kShortWindow;
   schedule::ShortWindowSchedule schedule;
   DeviceTraits device;
-  std::string key;                 // cache key of the module
-  int backward_resident_ctas = 1;  // backward CTAs per SM (from the kernel's registers)
+  std::string key;                           // cache key of the module
+  int backward_resident_ctas = 1;            // backward CTAs per SM (from the kernel's registers)
+  std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
+  std::vector<PreparedBucket> long_backward;
+  int long_ape_reduce_slot = 0;
   std::shared_ptr<const cache::LoadedModule> module;
   CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
 };
@@ -56,6 +69,12 @@ class Service {
                              std::int64_t total_comp, std::int32_t ratio, CUstream stream);
 
   DeviceTraits device_traits(int ordinal);
+
+  // Schedule tables: replacing one retires every prepared record (kept alive, never reused).
+  void set_schedule_table(schedule::ScheduleTable table);
+  std::shared_ptr<const schedule::ScheduleSet> schedules() const;
+  // The family serving `config` on `arch` (kAuto routed by the table).
+  Family resolve(const Config& config, Family family, const std::string& arch) const;
   // The current context's device; throws when the thread has no current context.
   int current_device();
   driver::Driver& driver() { return loader_.get(); }
@@ -68,6 +87,14 @@ class Service {
                                           bool* compiled);
   cache::ModuleCache& modules();
   schedule::ShortWindowSchedule schedule_for(const Config& config) const;
+  ModuleSpec long_window_spec(const Config& config, const std::string& arch,
+                              const schedule::ScheduleSet& set,
+                              std::vector<schedule::LongWindowSchedule>* forward,
+                              std::vector<schedule::LongWindowSchedule>* backward,
+                              LongWindowSlots* slots) const;
+  void prepare_long_window(Prepared& p, const schedule::ScheduleSet& set);
+  void forward_long(const Prepared& p, const ForwardArgs& a, CUstream stream);
+  void backward_long(const Prepared& p, const BackwardArgs& a, CUstream stream);
 
   Logger& logger_;
   cache::KernelStore& store_;
@@ -95,7 +122,9 @@ class Service {
 
   std::mutex mutex_;  // guards records_ and devices_ (never held while compiling)
   std::map<RecordKey, std::shared_ptr<const Prepared>> records_;
+  std::vector<std::shared_ptr<const Prepared>> retired_;  // callers may still hold references
   std::map<int, DeviceTraits> devices_;
+  std::shared_ptr<const schedule::ScheduleSet> schedules_;
 };
 
 }  // namespace csa::compressor

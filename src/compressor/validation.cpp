@@ -77,16 +77,14 @@ void validate_config(const Config& c) {
   }
 }
 
-Family resolve_family(const Config& c, Family family) {
+void check_family(const Config& c, Family family) {
   validate_config(c);
-  if (family == Family::kReference) return family;
-  if (c.ratio > schedule::kShortWindowMaxRatio) {
+  if (family == Family::kShortWindow && c.ratio > schedule::kShortWindowMaxRatio) {
     fail(Status::kUnsupported,
-         "ratio {} (coff {}, head_dim {}) needs the long-window kernel family, which this build "
-         "does not have yet; the short-window family serves ratio 1..{}",
+         "ratio {} (coff {}, head_dim {}) is beyond the short-window family (ratio 1..{}); use "
+         "the long-window family (Family::kLongWindow) or let the runtime route (Family::kAuto)",
          c.ratio, c.coff, c.head_dim, schedule::kShortWindowMaxRatio);
   }
-  return Family::kShortWindow;
 }
 
 namespace {

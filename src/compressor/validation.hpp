@@ -11,7 +11,8 @@ inline constexpr int kMaxHeadDim = 4096;
 
 void validate_config(const Config& config);
 // Also checks that `family` (kAuto resolved) serves the configuration; returns the family.
-Family resolve_family(const Config& config, Family family);
+// Rejects an explicit family that cannot serve `config` (kAuto is routed per arch later).
+void check_family(const Config& config, Family family);
 void validate_forward(const ForwardArgs& args);
 void validate_backward(const BackwardArgs& args);
 

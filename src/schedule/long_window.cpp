@@ -1,0 +1,119 @@
+#include "schedule/long_window.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace csa::schedule {
+
+std::string LongWindowSchedule::describe() const {
+  return fmt::format("form={} vec={} cols={} threads={} serial={} fast_exp={} rows_per_cta={}",
+                     staged ? "staged" : "lanes", vec, cols, threads, serial ? 1 : 0,
+                     fast_exp ? 1 : 0, rows_per_cta);
+}
+
+std::string LongWindowSchedule::template_args() const {
+  if (staged) {
+    return fmt::format("{},{},{},{},{}", vec, cols, threads, serial ? "true" : "false",
+                       fast_exp ? "true" : "false");
+  }
+  return fmt::format("{},{},{},{}{}", vec, cols / vec, window_lanes(),
+                     kernel_direction == Direction::kForward ? (serial ? "true," : "false,") : "",
+                     fast_exp ? "true" : "false");
+}
+
+std::string LongWindowSchedule::kernel_prefix(Direction direction) const {
+  const char* dir = direction == Direction::kForward ? "forward" : "backward";
+  return fmt::format("csa_kernel::{}_window_{}", staged ? "long" : "lane", dir);
+}
+
+int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
+  if (!s.staged) return 0;
+  const int win = c.coff * c.ratio;
+  const int chunks = s.threads / s.cols;
+  const int words = win * s.cols + 3 * chunks * s.cols + 4 * s.cols;
+  return words * 4 + win * s.cols * 2;
+}
+
+int shared_limit_for_arch(const std::string& arch) {
+  int cc = 0;
+  std::sscanf(arch.c_str(), "sm_%d", &cc);
+  // Opt-in shared memory per block (CUDA programming guide, compute capabilities table).
+  if (cc == 80 || cc == 87) return 163 * 1024;
+  if (cc == 90 || cc == 100 || cc == 103) return 227 * 1024;
+  return 99 * 1024;  // sm_86, sm_89, sm_110, sm_120, sm_121 and anything unknown
+}
+
+LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const std::string& arch,
+                                   Direction direction) {
+  s.kernel_direction = direction;
+  while (s.vec > 1 && c.head_dim % s.vec != 0) s.vec /= 2;
+  int ceiling = 1;
+  while (ceiling < c.head_dim) ceiling *= 2;
+  s.cols = std::max(std::min(s.cols, ceiling), s.vec);
+  if (s.staged) {
+    const int limit = shared_limit_for_arch(arch);
+    while (s.cols > s.vec && long_window_shared_bytes(c, s) > limit) s.cols /= 2;
+    while (s.cols > 1 && long_window_shared_bytes(c, s) > limit) {
+      s.cols /= 2;
+      s.vec = std::min(s.vec, s.cols);
+    }
+    s.threads = std::max(s.threads, s.cols);
+    return s;
+  }
+  // Lanes form: at least vec window lanes (they finish the columns), at most 16 (backward:
+  // window, kv, ape and grad_ape per value) or 32 (forward) window values per thread in
+  // registers, and static shared memory (12 B
+  // forward, 24 B backward per thread and column, plus the serial forward's window of e)
+  // within 48 KB.
+  if (direction == Direction::kBackward) s.serial = false;
+  if (s.serial) s.fast_exp = false;
+  const int win = c.coff * c.ratio;
+  const int window_bytes = s.serial ? win * 4 : 0;  // per column
+  const int per_thread_values = direction == Direction::kForward ? 32 : 16;
+  const int smem_per_value = direction == Direction::kForward ? 12 : 24;
+  auto tx = [&] { return s.cols / s.vec; };
+  auto lanes = [&] { return s.threads / tx(); };
+  auto values = [&] { return ((win + lanes() - 1) / lanes()) * s.vec; };
+  s.threads = std::max(s.threads, tx() * s.vec);
+  auto smem_ok = [&](int threads, int vec) {
+    return threads * vec * smem_per_value + window_bytes * s.cols <= 48 * 1024;
+  };
+  while (s.cols > s.vec && !smem_ok(tx() * s.vec, s.vec)) s.cols /= 2;
+  while (!smem_ok(s.threads, s.vec) && s.threads > tx() * s.vec) s.threads /= 2;
+  while (values() > per_thread_values) {
+    // At most 512 threads: 128 registers per thread (1024 would allow only 64).
+    if (s.threads < 512 && smem_ok(s.threads * 2, s.vec)) {
+      s.threads *= 2;  // more window lanes
+    } else if (tx() > 1) {
+      s.cols /= 2;  // fewer column lanes, so more window lanes
+    } else if (s.vec > 1) {
+      s.vec /= 2;
+      s.cols /= 2;
+    } else {
+      break;  // one column, 512 lanes: at most one value per thread for ratio <= 256
+    }
+  }
+  return s;
+}
+
+LongWindowGrid long_window_backward_grid(const Config& c, const LongWindowSchedule& s,
+                                         std::int64_t rows, int sm_count, int resident_per_sm) {
+  LongWindowGrid g;
+  g.column_slices = (c.head_dim + s.cols - 1) / s.cols;
+  std::int64_t per_cta = s.rows_per_cta;
+  if (per_cta <= 0) {
+    const std::int64_t wave = static_cast<std::int64_t>(sm_count) * std::max(resident_per_sm, 1);
+    const std::int64_t groups = std::max<std::int64_t>(1, wave / g.column_slices);
+    per_cta = std::max<std::int64_t>(1, (rows + groups - 1) / groups);
+  }
+  // Each row group writes one grad_ape partial: at most 2^26 partial floats (256 MB).
+  const std::int64_t ape_elems = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
+  const std::int64_t max_groups = std::max<std::int64_t>(1, (std::int64_t{1} << 26) / ape_elems);
+  per_cta = std::max<std::int64_t>(per_cta, (rows + max_groups - 1) / max_groups);
+  g.rows_per_cta = static_cast<int>(std::min<std::int64_t>(per_cta, 1 << 30));
+  g.row_groups = static_cast<int>(std::max<std::int64_t>(1, (rows + per_cta - 1) / per_cta));
+  return g;
+}
+
+}  // namespace csa::schedule

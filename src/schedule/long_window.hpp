@@ -1,0 +1,62 @@
+// Launch schedules of the long-window family: the compile-time shape of one kernel (vector
+// width, columns per CTA, threads, reduction order, exp form) and the launch-only row split.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "csa/csa.hpp"
+
+namespace csa::schedule {
+
+struct LongWindowSchedule {
+  // Compile-time (part of the kernel's name expression, hence of the cache key).
+  // Form: "lanes" (default) holds each lane's window slots in registers and merges softmax
+  // partials across lanes; "staged" stages the window in shared memory and may keep the serial
+  // order (bitwise contract) at a measured cost.
+  bool staged = false;
+  int vec = 2;            // bf16 columns per global access
+  int cols = 32;          // head_dim columns per CTA (the CTA grid splits columns)
+  int threads = 256;      // threads per CTA: (cols / vec) column lanes x window lanes
+  bool serial = false;    // sums in slot order, bitwise to the fp32 reference (staged form, or
+                          // the lanes form's forward)
+  bool fast_exp = false;  // ex2.approx instead of expf (tolerance contract only)
+  // Launch-only (editing it never invalidates a cubin).
+  int rows_per_cta = 0;  // backward rows per CTA; 0: as many row groups as fill one wave
+  // Set by fit_long_window: the lanes form's template arguments differ per direction.
+  Direction kernel_direction = Direction::kForward;
+
+  std::string describe() const;                          // every field, for logs and `csa schedule`
+  std::string template_args() const;                     // the kernel template's schedule arguments
+  std::string kernel_prefix(Direction direction) const;  // "csa_kernel::lane_window_forward"
+  int window_lanes() const { return threads / (cols / vec); }  // lanes form
+  bool same_kernel(const LongWindowSchedule& o) const {
+    return staged == o.staged && template_args() == o.template_args();
+  }
+  bool bitwise() const { return serial && !fast_exp; }
+  bool operator==(const LongWindowSchedule& o) const { return describe() == o.describe(); }
+};
+
+// Dynamic shared memory of one CTA (must match LongWindow::kBytes in long_window.cuh); 0 for
+// the lanes form, whose shared memory is static.
+int long_window_shared_bytes(const Config& config, const LongWindowSchedule& s);
+
+// Shared memory one CTA may use on `arch` ("sm_90"), with the opt-in attribute set.
+int shared_limit_for_arch(const std::string& arch);
+
+// The schedule made valid for one configuration and arch: vec reduced until it divides
+// head_dim, cols reduced to head_dim's power-of-two ceiling and until the window fits
+// shared memory. Deterministic, so prewarm and calls agree.
+LongWindowSchedule fit_long_window(const Config& config, LongWindowSchedule s,
+                                   const std::string& arch, Direction direction);
+
+// Row groups and rows per CTA of a backward launch: one full wave unless rows_per_cta is set.
+struct LongWindowGrid {
+  int row_groups = 1;
+  int rows_per_cta = 1;
+  int column_slices = 1;
+};
+LongWindowGrid long_window_backward_grid(const Config& config, const LongWindowSchedule& s,
+                                         std::int64_t rows, int sm_count, int resident_per_sm);
+
+}  // namespace csa::schedule

@@ -1,0 +1,293 @@
+// GPU tests of the long-window family (skipped without a driver or device): against the plain
+// GPU reference kernel (bitwise where the selected schedule keeps the serial order, else the
+// SPEC §2 item 3 tolerance contract), the CPU fp32 reference and the fp64 oracle; poisoned
+// outputs, exact zeros, determinism, accumulate, every shipped bucket kernel, overflow.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <future>
+#include <thread>
+
+#include "gpu_fixture.hpp"
+
+namespace csa::test {
+namespace {
+
+constexpr std::int64_t kLongExtraRows = 8;
+constexpr std::int64_t kLongExtraTokens = 37;
+
+std::string device_arch() {
+  const DeviceInfo d = device::current_device(*g_runtime);
+  return "sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
+}
+
+bool bitwise_contract(const Config& c, Direction d, std::int64_t rows) {
+  return g_runtime->select_schedule(c, d, rows, device_arch()).contract == "bitwise";
+}
+
+// Equal bit for bit when `bitwise`, else within the tolerance contract; "" when it holds.
+std::string compare(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& ref,
+                    bool bitwise, const char* name) {
+  if (!bitwise) return tolerance_failure(got, ref, name);
+  const auto i = first_difference(got.data(), ref.data(), got.size() * 2, 2);
+  if (i == static_cast<std::size_t>(-1)) return {};
+  return std::string(name) + " differs from the reference at " + std::to_string(i);
+}
+
+std::vector<Pack> long_packs(const Config& c) {
+  std::vector<Pack> p = {
+      {"1x8192", {8192}}, {"edge", {127, 8192, 0, 129, 128, 3, 515, 1024}}, {"1x4096", {4096}}};
+  if (c.ratio == 128 && (c.head_dim == 128 || c.head_dim == 512)) {
+    p.push_back({"1x65536", {65536}});
+    p.push_back({"1x131072", {131072}});
+  }
+  return p;
+}
+
+TEST_F(Gpu, PrewarmEveryLongWindowConfiguration) {
+  std::vector<std::pair<Config, Family>> jobs;
+  for (int ratio : {32, 64, 128, 256})
+    for (int coff : {1, 2})
+      for (int d : {65, 128, 512})
+        for (Family f : {Family::kAuto, Family::kReference}) jobs.push_back({{ratio, d, coff}, f});
+  std::atomic<std::size_t> next{0};
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  auto worker = [&] {
+    for (std::size_t i = next++; i < jobs.size(); i = next++) {
+      try {
+        const auto r = g_runtime->prewarm(jobs[i].first, 0, jobs[i].second);
+        if (jobs[i].second == Family::kAuto && r.spill_bytes > 0) {
+          std::lock_guard<std::mutex> lock(mutex);
+          errors.push_back("spills: " + std::to_string(jobs[i].first.ratio));
+        }
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        errors.push_back(e.what());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
+    threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) ADD_FAILURE() << e;
+}
+
+class LongWindow : public Gpu, public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
+
+TEST_P(LongWindow, MatchesReferencesOnEveryPack) {
+  const auto [ratio, coff, head_dim] = GetParam();
+  const Config config{ratio, head_dim, coff};
+  int pack_index = 0;
+  for (const auto& pack : long_packs(config)) {
+    const std::uint64_t seed =
+        base_seed() + static_cast<std::uint64_t>(ratio * 1000 + coff * 100 + head_dim) * 13 +
+        pack_index++;
+    const Problem p = make_problem(config, pack.lens, kLongExtraTokens, kLongExtraRows, seed);
+    SCOPED_TRACE(std::string(pack.name) + ": " + p.describe());
+    DeviceProblem dev(p);
+    const bool cpu_checks = p.total_tokens <= 20000;
+    const bool fwd_bitwise = bitwise_contract(config, Direction::kForward, p.total_comp);
+    const bool bwd_bitwise = bitwise_contract(config, Direction::kBackward, p.total_comp);
+
+    std::future<std::vector<std::uint16_t>> cpu_fwd;
+    std::future<std::vector<double>> cpu_fwd64;
+    struct CpuGrads {
+      std::vector<std::uint16_t> kv, score;
+      std::vector<float> ape;
+    };
+    struct Oracle {
+      std::vector<double> kv, score, ape;
+    };
+    std::future<CpuGrads> cpu_bwd;
+    std::future<Oracle> cpu_bwd64;
+    if (cpu_checks) {
+      cpu_fwd = std::async(std::launch::async, [&] {
+        std::vector<std::uint16_t> out(static_cast<std::size_t>(p.comp_elems()));
+        reference::forward_fp32(p.host(), out.data());
+        return out;
+      });
+      cpu_fwd64 = std::async(std::launch::async, [&] {
+        std::vector<double> out(static_cast<std::size_t>(p.comp_elems()));
+        reference::forward_fp64(p.host(), out.data());
+        return out;
+      });
+      cpu_bwd = std::async(std::launch::async, [&] {
+        CpuGrads g{std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
+                   std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
+                   std::vector<float>(p.ape.size())};
+        reference::backward_fp32(p.host(), p.grad_out.data(), g.kv.data(), g.score.data(),
+                                 g.ape.data());
+        return g;
+      });
+      cpu_bwd64 = std::async(std::launch::async, [&] {
+        Oracle o{std::vector<double>(static_cast<std::size_t>(p.token_elems())),
+                 std::vector<double>(static_cast<std::size_t>(p.token_elems())),
+                 std::vector<double>(p.ape.size())};
+        reference::backward_fp64(p.host(), p.grad_out.data(), o.kv.data(), o.score.data(),
+                                 o.ape.data());
+        return o;
+      });
+    }
+
+    const auto out = dev.forward(Family::kAuto);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_NE(out[i], 0xffff) << "out[" << i << "] not written";
+    const auto out_ref = dev.forward(Family::kReference);
+    const std::string fwd_fail = compare(out, out_ref, fwd_bitwise, "out");
+    ASSERT_TRUE(fwd_fail.empty()) << fwd_fail << (fwd_bitwise ? " (bitwise)" : " (tolerance)");
+    ASSERT_EQ(dev.forward(Family::kAuto), out);
+    ASSERT_EQ(dev.forward(Family::kAuto), out);
+
+    const auto g = dev.backward(Family::kAuto, 0, 0xff, nan_ape(p));
+    for (std::size_t i = 0; i < g.kv.size(); ++i) {
+      ASSERT_NE(g.kv[i], 0xffff) << "grad_kv[" << i << "] not written";
+      ASSERT_NE(g.score[i], 0xffff) << "grad_score[" << i << "] not written";
+    }
+    for (float v : g.ape) ASSERT_FALSE(std::isnan(v)) << "grad_ape not overwritten";
+    const auto g_zeroed =
+        dev.backward(Family::kAuto, 0, 0x00, std::vector<float>(p.ape.size(), 0.0f));
+    ASSERT_EQ(g_zeroed.kv, g.kv) << "grad_kv depends on the buffer's prior content";
+    ASSERT_EQ(g_zeroed.score, g.score) << "grad_score depends on the buffer's prior content";
+    const auto mask = consumed_mask(p);
+    for (std::size_t i = 0; i < mask.size(); ++i) {
+      if (!mask[i]) {
+        ASSERT_EQ(g.kv[i], 0) << "never-consumed grad_kv[" << i << "] not exactly 0";
+        ASSERT_EQ(g.score[i], 0) << "never-consumed grad_score[" << i << "] not exactly 0";
+      }
+    }
+    const auto g_ref = dev.backward(Family::kReference, 0, 0xff, nan_ape(p));
+    for (const std::string& failure : {compare(g.kv, g_ref.kv, bwd_bitwise, "grad_kv"),
+                                       compare(g.score, g_ref.score, bwd_bitwise, "grad_score")})
+      ASSERT_TRUE(failure.empty()) << failure << (bwd_bitwise ? " (bitwise)" : " (tolerance)");
+    for (std::size_t i = 0; i < g.ape.size(); ++i)
+      ASSERT_NEAR(g.ape[i], g_ref.ape[i], 1e-3) << "grad_ape[" << i << "]";
+    // Always a fixed-order reduction: grad_ape is bitwise stable in every mode.
+    for (std::uint32_t flags : {0u, kDeterministic, kDeterministic}) {
+      const auto again = dev.backward(Family::kAuto, flags, 0xff, nan_ape(p));
+      ASSERT_EQ(again.kv, g.kv);
+      ASSERT_EQ(again.score, g.score);
+      ASSERT_EQ(first_difference(again.ape.data(), g.ape.data(), g.ape.size() * 4, 4),
+                static_cast<std::size_t>(-1))
+          << "grad_ape changed between runs";
+    }
+    std::vector<float> preset(p.ape.size());
+    for (std::size_t i = 0; i < preset.size(); ++i) preset[i] = 0.5f + static_cast<float>(i % 7);
+    const auto acc = dev.backward(Family::kAuto, kAccumulateGradApe, 0xff, preset);
+    for (std::size_t i = 0; i < preset.size(); ++i)
+      ASSERT_EQ(acc.ape[i], preset[i] + g.ape[i]) << "accumulated grad_ape[" << i << "]";
+    ASSERT_EQ(acc.kv, g.kv);
+
+    if (!cpu_checks) continue;
+    const auto valid_rows = static_cast<std::size_t>(p.cuc.back());
+    const auto d = static_cast<std::size_t>(head_dim);
+    const std::size_t distinct = (valid_rows + (p.total_comp > p.cuc.back() ? 1 : 0)) * d;
+    auto head = [distinct](const auto& v) {
+      return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin(),
+                                                                         v.begin() + distinct);
+    };
+    const auto out_cpu = cpu_fwd.get();
+    const auto out64 = cpu_fwd64.get();
+    const auto grads_cpu = cpu_bwd.get();
+    const auto oracle = cpu_bwd64.get();
+    auto bf = [](std::uint16_t v) { return bf16_value(v); };
+    auto f32 = [](float v) { return static_cast<double>(v); };
+    for (const std::string& failure :
+         {tolerance_failure(head(out), head(out_cpu), "out"),
+          tolerance_failure(g.kv, grads_cpu.kv, "grad_kv"),
+          tolerance_failure(g.score, grads_cpu.score, "grad_score"),
+          parity_failure(out, out_cpu, out64, bf, "out"),
+          parity_failure(g.kv, grads_cpu.kv, oracle.kv, bf, "grad_kv"),
+          parity_failure(g.score, grads_cpu.score, oracle.score, bf, "grad_score"),
+          parity_failure(g.ape, grads_cpu.ape, oracle.ape, f32, "grad_ape")}) {
+      EXPECT_TRUE(failure.empty()) << failure;
+    }
+  }
+}
+
+// One run of every (configuration, bucket) kernel: the row capacity is raised into each
+// bucket's range with padding rows.
+TEST_P(LongWindow, EveryBucketKernelRuns) {
+  const auto [ratio, coff, head_dim] = GetParam();
+  const Config config{ratio, head_dim, coff};
+  const std::string arch = device_arch();
+  for (Direction dir : {Direction::kForward, Direction::kBackward}) {
+    std::int64_t rows = 0;
+    for (;;) {
+      const ScheduleChoice choice = g_runtime->select_schedule(config, dir, rows, arch);
+      ASSERT_EQ(choice.family, Family::kLongWindow);
+      const std::vector<std::int32_t> lens = {4 * ratio + 5, 2 * ratio};
+      const std::int64_t valid = 6;
+      const std::int64_t total_comp = std::max<std::int64_t>(valid, choice.rows_min);
+      const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(rows) * 31 + ratio;
+      const Problem p = make_problem(config, lens, kLongExtraTokens, total_comp - valid, seed);
+      SCOPED_TRACE(choice.schedule + " " + p.describe());
+      DeviceProblem dev(p);
+      const bool bitwise = choice.contract == "bitwise";
+      if (dir == Direction::kForward) {
+        const auto out = dev.forward(Family::kAuto);
+        const auto ref = dev.forward(Family::kReference);
+        const std::string f = compare(out, ref, bitwise, "out");
+        EXPECT_TRUE(f.empty()) << f;
+      } else {
+        const auto g = dev.backward(Family::kAuto, 0, 0xff, nan_ape(p));
+        const auto ref = dev.backward(Family::kReference, 0, 0xff, nan_ape(p));
+        for (const std::string& f : {compare(g.kv, ref.kv, bitwise, "grad_kv"),
+                                     compare(g.score, ref.score, bitwise, "grad_score")})
+          EXPECT_TRUE(f.empty()) << f;
+        for (std::size_t i = 0; i < g.ape.size(); ++i)
+          ASSERT_NEAR(g.ape[i], ref.ape[i], 1e-3) << "grad_ape[" << i << "]";
+      }
+      if (choice.rows_max < 0) break;
+      rows = choice.rows_max + 1;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, LongWindow,
+                         ::testing::Combine(::testing::Values(32, 64, 128, 256),
+                                            ::testing::Values(1, 2),
+                                            ::testing::Values(65, 128, 512)),
+                         [](const auto& param_info) {
+                           return "r" + std::to_string(std::get<0>(param_info.param)) + "_c" +
+                                  std::to_string(std::get<1>(param_info.param)) + "_d" +
+                                  std::to_string(std::get<2>(param_info.param));
+                         });
+
+// Score at the bf16 maximum plus ape at the fp32 maximum overflows s = score + ape: NaN with
+// the reference's NaN mask, and the same bits on every run.
+TEST_F(Gpu, LongWindowOverflowGivesTheReferenceNaNMask) {
+  for (int coff : {1, 2}) {
+    const Config config{128, 128, coff};
+    Problem p = make_problem(config, {1024, 300}, kLongExtraTokens, kLongExtraRows, base_seed());
+    SCOPED_TRACE(p.describe());
+    for (std::size_t i = 0; i < p.score.size(); i += 3) p.score[i] = 0x7f7f;  // bf16 max
+    for (std::size_t i = 0; i < p.ape.size(); i += 2) p.ape[i] = FLT_MAX;
+    DeviceProblem dev(p);
+    const auto out = dev.forward(Family::kAuto);
+    const auto ref = dev.forward(Family::kReference);
+    std::size_t nans = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const bool a = std::isnan(bf16_value(out[i]));
+      ASSERT_EQ(a, std::isnan(bf16_value(ref[i]))) << "out NaN mask differs at " << i;
+      nans += a ? 1 : 0;
+    }
+    EXPECT_GT(nans, 0u) << "the overflow produced no NaN";
+    ASSERT_EQ(dev.forward(Family::kAuto), out);
+    const auto g = dev.backward(Family::kAuto, 0, 0xff, nan_ape(p));
+    const auto gr = dev.backward(Family::kReference, 0, 0xff, nan_ape(p));
+    for (std::size_t i = 0; i < g.kv.size(); ++i) {
+      ASSERT_EQ(std::isnan(bf16_value(g.kv[i])), std::isnan(bf16_value(gr.kv[i]))) << i;
+      ASSERT_EQ(std::isnan(bf16_value(g.score[i])), std::isnan(bf16_value(gr.score[i]))) << i;
+    }
+    const auto again = dev.backward(Family::kAuto, 0, 0xff, nan_ape(p));
+    ASSERT_EQ(again.kv, g.kv);
+    ASSERT_EQ(again.score, g.score);
+    ASSERT_EQ(first_difference(again.ape.data(), g.ape.data(), g.ape.size() * 4, 4),
+              static_cast<std::size_t>(-1));
+  }
+}
+
+}  // namespace
+}  // namespace csa::test
