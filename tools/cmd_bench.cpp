@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_data.hpp"
+#include "timing.hpp"
 #include "commands.hpp"
 #include "csa/device.hpp"
 
@@ -54,62 +55,6 @@ Shape parse_shape(const std::string& text) {
   if (last == std::string::npos)
     throw CLI::ValidationError("--shape", "expected RATIO,COFF,HEAD_DIM,PACK");
   return {parse_config(text.substr(0, last)), parse_pack(text.substr(last + 1))};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median per-call microseconds of `calls` back-to-back calls, timed with events.
-double time_device(Runtime& rt, Stream stream, int reps, int calls,
-                   const std::function<void(int)>& call) {
-  device::Event start(rt), stop(rt);
-  std::vector<double> samples;
-  for (int r = 0; r < reps; ++r) {
-    start.record(stream);
-    for (int i = 0; i < calls; ++i) call(i);
-    stop.record(stream);
-    stop.synchronize();
-    samples.push_back(1000.0 * stop.milliseconds_since(start) / calls);
-  }
-  return median(samples);
-}
-
-// Median per-call microseconds of `calls` calls captured in one CUDA graph and replayed: the
-// kernel time without the host's launch gaps.
-double time_graph(Runtime& rt, Stream stream, int reps, int calls,
-                  const std::function<void(int)>& call) {
-  device::Graph graph(rt, stream, [&] {
-    for (int i = 0; i < calls; ++i) call(i);
-  });
-  graph.launch(stream);
-  device::synchronize(rt, stream);
-  device::Event start(rt), stop(rt);
-  std::vector<double> samples;
-  for (int r = 0; r < reps; ++r) {
-    start.record(stream);
-    graph.launch(stream);
-    stop.record(stream);
-    stop.synchronize();
-    samples.push_back(1000.0 * stop.milliseconds_since(start) / calls);
-  }
-  return median(samples);
-}
-
-// Median wall-clock microseconds of one call through the C++ API, issued to an idle stream:
-// the host's own cost per call, not the pace of a full launch queue.
-double time_host(Runtime& rt, Stream stream, int samples, const std::function<void(int)>& call) {
-  std::vector<double> times;
-  for (int i = 0; i < samples; ++i) {
-    device::synchronize(rt, stream);
-    const auto t0 = std::chrono::steady_clock::now();
-    call(i);
-    const auto t1 = std::chrono::steady_clock::now();
-    times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-  }
-  device::synchronize(rt, stream);
-  return median(times);
 }
 
 double copy_bandwidth(Runtime& rt, Stream stream, int reps) {

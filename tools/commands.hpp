@@ -15,6 +15,7 @@ void add_prewarm_command(CLI::App& app, Runtime*& runtime);
 void add_cache_command(CLI::App& app, Runtime*& runtime);
 void add_bench_command(CLI::App& app, Runtime*& runtime);
 void add_schedule_command(CLI::App& app, Runtime*& runtime);
+void add_tune_command(CLI::App& app, Runtime*& runtime);
 
 // "4,2,512" -> {ratio 4, coff 2, head_dim 512}; throws CLI::ValidationError.
 Config parse_config(const std::string& text);

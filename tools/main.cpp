@@ -38,6 +38,7 @@ int main(int argc, char** argv) try {
   csa::tools::add_cache_command(app, runtime);
   csa::tools::add_bench_command(app, runtime);
   csa::tools::add_schedule_command(app, runtime);
+  csa::tools::add_tune_command(app, runtime);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

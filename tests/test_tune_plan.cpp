@@ -1,0 +1,82 @@
+// `csa tune` planning without a GPU: candidates are valid table buckets, the choice rule, the
+// buckets and the merged table.
+#include <gtest/gtest.h>
+
+#include "tune_plan.hpp"
+
+namespace csa::test {
+namespace {
+
+using tools::Candidate;
+using tools::Measurement;
+
+std::string table_with(const nlohmann::json& entry) {
+  return nlohmann::json{{"schema_version", 1}, {"arch", "sm_90"}, {"entries", {entry}}}.dump();
+}
+
+TEST(TunePlan, EveryCandidateIsAValidBucket) {
+  for (const Config c : {Config{128, 512, 1}, Config{128, 65, 2}, Config{32, 128, 2}})
+    for (Direction d : {Direction::kForward, Direction::kBackward}) {
+      const auto candidates = tools::tune_candidates(c, d);
+      ASSERT_GE(candidates.size(), 4u);
+      for (const auto& cand : candidates) {
+        nlohmann::json b = cand.bucket;
+        b["max_rows"] = nullptr;
+        EXPECT_NO_THROW(validate_schedule_table(
+            table_with(tools::make_entry(c, d, nlohmann::json::array({b}))), cand.name))
+            << cand.name;
+        EXPECT_EQ(c.head_dim % cand.bucket["vec"].get<int>(), 0) << cand.name;
+      }
+    }
+}
+
+TEST(TunePlan, ChoosesTheFastestOrTheBitwiseOneWithinTheMargin) {
+  std::vector<Candidate> c(3);
+  c[0].name = "fast";
+  c[1].name = "bitwise";
+  c[1].bitwise = true;
+  c[2].name = "failed";
+  const std::vector<Measurement> m = {
+      {32, {10.0, 10.9, -1.0}},   // bitwise within 10 %: bitwise
+      {64, {10.0, 11.5, 5.0}},    // candidate 2 fastest
+      {128, {10.0, 12.0, -1.0}},  // bitwise 20 % slower: fast
+      {256, {-1.0, -1.0, -1.0}},  // nothing passed
+  };
+  EXPECT_EQ(tools::choose(c, m, 1.10), (std::vector<int>{1, 2, 0, -1}));
+}
+
+TEST(TunePlan, BucketsMergeNeighboursAndSplitAtTheGeometricMean) {
+  std::vector<Candidate> c(2);
+  c[0].bucket = {{"vec", 2}};
+  c[1].bucket = {{"vec", 1}};
+  const std::vector<Measurement> m = {{32, {}}, {64, {}}, {256, {}}, {1024, {}}, {4096, {}}};
+  const auto b = tools::make_buckets(c, m, {0, 0, 1, -1, 0});
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0]["vec"], 2);
+  EXPECT_EQ(b[0]["max_rows"], 128);  // sqrt(64 * 256)
+  EXPECT_EQ(b[1]["vec"], 1);
+  EXPECT_EQ(b[1]["max_rows"], 1024);  // sqrt(256 * 4096); 1024 measured nothing
+  EXPECT_TRUE(b[2]["max_rows"].is_null());
+}
+
+TEST(TunePlan, MergedTablePutsTunedEntriesFirstAndStaysValid) {
+  const Config c{128, 512, 1};
+  const auto candidates = tools::tune_candidates(c, Direction::kForward);
+  nlohmann::json bucket = candidates[0].bucket;
+  bucket["max_rows"] = nullptr;
+  const auto tuned = tools::make_entry(c, Direction::kForward, nlohmann::json::array({bucket}));
+  nlohmann::json base = {
+      {"schema_version", 1},
+      {"arch", "sm_90"},
+      {"entries",
+       {tuned, tools::make_entry(c, Direction::kBackward, nlohmann::json::array({bucket}))}}};
+  base["entries"][1]["buckets"][0]["rows_per_cta"] = 0;
+  const auto merged = tools::merge_entries(base, {tuned}, "test");
+  ASSERT_EQ(merged["entries"].size(), 2u);  // the old forward entry was replaced
+  EXPECT_EQ(merged["entries"][0]["direction"], "forward");
+  EXPECT_EQ(merged["origin"], "test");
+  EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
+}
+
+}  // namespace
+}  // namespace csa::test

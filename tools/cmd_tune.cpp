@@ -1,0 +1,277 @@
+// `csa tune`: measures candidate long-window schedules of one configuration on this GPU, each
+// checked against the reference kernels before it is timed, picks one per measured row count
+// (the fastest; the bitwise one when within 10 %), and writes a schedule table: the table
+// serving this device's arch with the tuned entries put first.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "bench_data.hpp"
+#include "commands.hpp"
+#include "csa/device.hpp"
+#include "csa/reference.hpp"
+#include "timing.hpp"
+#include "tune_plan.hpp"
+
+namespace csa::tools {
+
+namespace {
+
+struct TuneOptions {
+  Config config{128, 512, 1};
+  std::vector<std::int64_t> rows = {32, 64, 256, 1024};
+  int device = 0;
+  int reps = 7;
+  std::uint64_t seed = 4321;
+  std::string out;
+};
+
+// The SPEC §2 item 3 rule (or bit equality); "" when it holds.
+std::string check(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& ref,
+                  bool bitwise, const char* name) {
+  std::size_t differing = 0;
+  double max_abs = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const float a = reference::bf16_to_float(got[i]);
+    const float b = reference::bf16_to_float(ref[i]);
+    if (std::isnan(a) != std::isnan(b)) return fmt::format("{}: NaN mask differs at {}", name, i);
+    if (got[i] != ref[i]) ++differing;
+    if (!std::isnan(a)) max_abs = std::max(max_abs, static_cast<double>(std::fabs(a - b)));
+  }
+  const std::size_t allowed = bitwise ? 0 : std::max<std::size_t>(1, got.size() / 1000);
+  if (differing <= allowed && max_abs <= 1.6e-2) return {};
+  return fmt::format("{}: {} differing (allowed {}), max |diff| {:.3g}", name, differing, allowed,
+                     max_abs);
+}
+
+std::string candidate_table(const std::string& arch, const Config& c, Direction d,
+                            const Candidate& candidate) {
+  nlohmann::json bucket = candidate.bucket;
+  bucket["max_rows"] = nullptr;
+  nlohmann::json table = {{"schema_version", 1},
+                          {"arch", arch},
+                          {"origin", "csa tune candidate"},
+                          {"routing",
+                           {{{"coff", c.coff},
+                             {"head_dim", {1, 4096}},
+                             {"long_window_min_ratio", std::min(c.ratio, 17)}}}},
+                          {"entries", {make_entry(c, d, nlohmann::json::array({bucket}))}}};
+  return table.dump();
+}
+
+struct Problem {
+  HostInputs in;
+  device::Buffer cu, cuc, ape, kv, score, grad_out, out, grad_kv, grad_score, grad_ape;
+  Problem(Runtime& rt, const HostInputs& host)
+      : in(host),
+        cu(rt, host.cu.size() * 4),
+        cuc(rt, host.cuc.size() * 4),
+        ape(rt, host.ape.size() * 4),
+        kv(rt, host.kv.size() * 2),
+        score(rt, host.score.size() * 2),
+        grad_out(rt, host.grad_out.size() * 2),
+        out(rt, host.grad_out.size() * 2),
+        grad_kv(rt, host.kv.size() * 2),
+        grad_score(rt, host.kv.size() * 2),
+        grad_ape(rt, host.ape.size() * 4) {
+    cu.upload(in.cu.data(), cu.size());
+    cuc.upload(in.cuc.data(), cuc.size());
+    ape.upload(in.ape.data(), ape.size());
+    kv.upload(in.kv.data(), kv.size());
+    score.upload(in.score.data(), score.size());
+    grad_out.upload(in.grad_out.data(), grad_out.size());
+  }
+  ForwardArgs forward() const {
+    ForwardArgs a;
+    a.kv = kv.get();
+    a.score = score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.out = out.get();
+    a.total_tokens = in.total_tokens;
+    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+    a.total_comp = in.total_comp;
+    a.config = in.config;
+    return a;
+  }
+  BackwardArgs backward() const {
+    BackwardArgs a;
+    a.kv = kv.get();
+    a.score = score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.grad_out = grad_out.get();
+    a.grad_kv = grad_kv.get();
+    a.grad_score = grad_score.get();
+    a.grad_ape = grad_ape.as<float>();
+    a.total_tokens = in.total_tokens;
+    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+    a.total_comp = in.total_comp;
+    a.config = in.config;
+    return a;
+  }
+  std::vector<std::uint16_t> download16(const device::Buffer& b) const {
+    std::vector<std::uint16_t> h(b.size() / 2);
+    b.download(h.data(), b.size());
+    return h;
+  }
+};
+
+void run_tune(Runtime& rt, const TuneOptions& o) {
+  device::make_current(rt, o.device);
+  const DeviceInfo dev = device::current_device(rt);
+  const std::string arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
+  device::StreamHandle stream(rt);
+  const Config& c = o.config;
+  fmt::print("tuning ratio={} coff={} head_dim={} on {} ({}), rows {}\n", c.ratio, c.coff,
+             c.head_dim, dev.name, arch, fmt::join(o.rows, ","));
+  std::vector<std::int64_t> rows = o.rows;
+  std::sort(rows.begin(), rows.end());
+  std::vector<nlohmann::json> entries;
+  nlohmann::json record = nlohmann::json::array();
+  for (Direction dir : {Direction::kForward, Direction::kBackward}) {
+    const char* dname = dir == Direction::kForward ? "forward" : "backward";
+    const auto candidates = tune_candidates(c, dir);
+    // One Runtime per candidate (its own table), sharing the disk cache; compile in parallel.
+    std::vector<std::unique_ptr<Runtime>> runtimes;
+    std::vector<std::string> failed(candidates.size());
+    for (const auto& cand : candidates) {
+      runtimes.push_back(std::make_unique<Runtime>(rt.options()));
+      runtimes.back()->set_schedule_table(candidate_table(arch, c, dir, cand), cand.name);
+    }
+    {
+      std::vector<std::thread> threads;
+      for (std::size_t i = 0; i < candidates.size(); ++i)
+        threads.emplace_back([&, i] {
+          try {
+            runtimes[i]->prewarm(c, o.device);
+          } catch (const std::exception& e) {
+            failed[i] = e.what();
+          }
+        });
+      for (auto& t : threads) t.join();
+    }
+    std::vector<Measurement> measurements;
+    for (std::int64_t r : rows) {
+      Pack pack;
+      pack.seqlens = {static_cast<std::int32_t>(r * c.ratio)};
+      pack.label = fmt::format("1x{}", r * c.ratio);
+      Problem p(rt, make_inputs(c, pack, o.seed + static_cast<std::uint64_t>(r)));
+      // References: the plain kernels of the SPEC op order.
+      rt.forward(p.forward(), stream.get(), Family::kReference);
+      rt.backward(p.backward(), stream.get(), Family::kReference);
+      device::synchronize(rt, stream.get());
+      const auto ref_out = p.download16(p.out);
+      const auto ref_kv = p.download16(p.grad_kv);
+      const auto ref_score = p.download16(p.grad_score);
+      Measurement m;
+      m.rows = r;
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        Runtime& cr = *runtimes[i];
+        double us = -1.0;
+        std::string why = failed[i];
+        if (why.empty()) {
+          try {
+            p.out.fill(0xff);
+            p.grad_kv.fill(0xff);
+            p.grad_score.fill(0xff);
+            if (dir == Direction::kForward) {
+              cr.forward(p.forward(), stream.get());
+              device::synchronize(rt, stream.get());
+              why = check(p.download16(p.out), ref_out, candidates[i].bitwise, "out");
+            } else {
+              cr.backward(p.backward(), stream.get());
+              device::synchronize(rt, stream.get());
+              why = check(p.download16(p.grad_kv), ref_kv, candidates[i].bitwise, "grad_kv");
+              if (why.empty())
+                why = check(p.download16(p.grad_score), ref_score, candidates[i].bitwise,
+                            "grad_score");
+            }
+            if (why.empty()) {
+              us = time_graph(cr, stream.get(), o.reps, 32, [&](int) {
+                if (dir == Direction::kForward) {
+                  cr.forward(p.forward(), stream.get());
+                } else {
+                  cr.backward(p.backward(), stream.get());
+                }
+              });
+            }
+          } catch (const std::exception& e) {
+            why = e.what();
+          }
+        }
+        m.micros.push_back(why.empty() ? us : -1.0);
+        record.push_back({{"direction", dname},
+                          {"rows", r},
+                          {"candidate", candidates[i].name},
+                          {"us", us},
+                          {"rejected", why}});
+        fmt::print("{:<8} rows {:>6}  {:<34} {}\n", dname, r, candidates[i].name,
+                   why.empty() ? fmt::format("{:9.2f} us", us) : "rejected: " + why);
+      }
+      measurements.push_back(m);
+    }
+    const auto chosen = choose(candidates, measurements, 1.10);
+    for (std::size_t k = 0; k < measurements.size(); ++k) {
+      if (chosen[k] < 0) {
+        fmt::print("{:<8} rows {:>6}: every candidate failed\n", dname, measurements[k].rows);
+        continue;
+      }
+      // Margin: the runner-up's time over the winner's.
+      double runner_up = -1.0;
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        const double t = measurements[k].micros[i];
+        if (static_cast<int>(i) != chosen[k] && t > 0 && (runner_up < 0 || t < runner_up))
+          runner_up = t;
+      }
+      const double win = measurements[k].micros[static_cast<std::size_t>(chosen[k])];
+      fmt::print("{:<8} rows {:>6}: {} ({:.2f} us; runner-up {:+.1f} %)\n", dname,
+                 measurements[k].rows, candidates[static_cast<std::size_t>(chosen[k])].name, win,
+                 runner_up > 0 ? 100.0 * (runner_up / win - 1.0) : 0.0);
+    }
+    entries.push_back(make_entry(c, dir, make_buckets(candidates, measurements, chosen)));
+  }
+  const std::string base_text = rt.schedule_table_json(arch);
+  nlohmann::json base = base_text.empty() ? nlohmann::json{{"schema_version", 1},
+                                                           {"arch", arch},
+                                                           {"entries", nlohmann::json::array()}}
+                                          : nlohmann::json::parse(base_text);
+  base["arch"] = arch;
+  const nlohmann::json table =
+      merge_entries(base, entries,
+                    fmt::format("csa tune ratio={} coff={} head_dim={} on {}, rows {}", c.ratio,
+                                c.coff, c.head_dim, dev.name, fmt::join(rows, ",")));
+  const std::string text = table.dump(2) + "\n";
+  validate_schedule_table(text, "tuned table");
+  const std::string out = o.out.empty() ? fmt::format("csa-tuned-{}.json", arch) : o.out;
+  std::ofstream(out) << text;
+  std::ofstream(out + ".record.json") << record.dump(2) << "\n";
+  fmt::print("wrote {} (use it with CSA_SCHEDULE_FILE) and {}.record.json\n", out, out);
+}
+
+}  // namespace
+
+void add_tune_command(CLI::App& app, Runtime*& runtime) {
+  auto opts = std::make_shared<TuneOptions>();
+  auto* cmd =
+      app.add_subcommand("tune", "measure long-window schedules on this GPU and write a table");
+  cmd->add_option("--ratio", opts->config.ratio)->required();
+  cmd->add_option("--coff", opts->config.coff)->required();
+  cmd->add_option("--head-dim", opts->config.head_dim)->required();
+  cmd->add_option("--rows", opts->rows, "output row counts to measure (default 32 64 256 1024)")
+      ->delimiter(',');
+  cmd->add_option("--device", opts->device, "device ordinal");
+  cmd->add_option("--reps", opts->reps, "timed repetitions per candidate (median)");
+  cmd->add_option("--seed", opts->seed, "input seed");
+  cmd->add_option("--out", opts->out, "output table (default csa-tuned-<arch>.json)");
+  cmd->callback([opts, &runtime] { run_tune(*runtime, *opts); });
+}
+
+}  // namespace csa::tools

@@ -1,0 +1,128 @@
+#include "tune_plan.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace csa::tools {
+
+namespace {
+
+Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d) {
+  Candidate c;
+  c.name =
+      fmt::format("lanes-{} v{} c{} t{}",
+                  serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec, cols, threads);
+  c.bucket = {{"form", "lanes"},    {"vec", vec},       {"cols", cols},
+              {"threads", threads}, {"serial", serial}, {"fast_exp", fast_exp}};
+  if (d == Direction::kBackward) c.bucket["rows_per_cta"] = 0;
+  c.bitwise = serial && !fast_exp;
+  return c;
+}
+
+}  // namespace
+
+std::vector<Candidate> tune_candidates(const Config& config, Direction direction) {
+  std::vector<Candidate> out;
+  const int wide = config.head_dim % 4 == 0 ? 4 : (config.head_dim % 2 == 0 ? 2 : 1);
+  const int narrow = config.head_dim % 2 == 0 ? 2 : 1;
+  if (direction == Direction::kForward) {
+    for (int cols : {32, 64, 128})
+      for (int threads : {256, 512})
+        out.push_back(lanes(narrow, cols, threads, false, true, direction));
+    out.push_back(lanes(wide, 128, 512, false, true, direction));
+    out.push_back(lanes(narrow, 32, 256, false, false, direction));
+    out.push_back(lanes(narrow, 32, 512, true, false, direction));
+    out.push_back(lanes(narrow, 16, 256, true, false, direction));
+  } else {
+    for (int vec : {1, narrow})
+      for (int cols : {16, 32})
+        for (int threads : {256, 512})
+          out.push_back(lanes(vec, cols, threads, false, true, direction));
+    if (narrow == 1) {  // the loop above made each (cols, threads) twice
+      std::vector<Candidate> unique;
+      for (auto& c : out)
+        if (std::none_of(unique.begin(), unique.end(),
+                         [&](const Candidate& u) { return u.name == c.name; }))
+          unique.push_back(c);
+      out = unique;
+    }
+    out.push_back(lanes(1, 16, 256, false, false, direction));
+  }
+  return out;
+}
+
+std::vector<int> choose(const std::vector<Candidate>& candidates,
+                        const std::vector<Measurement>& measurements, double bitwise_margin) {
+  std::vector<int> chosen;
+  for (const auto& m : measurements) {
+    int best = -1;
+    int best_bitwise = -1;
+    for (std::size_t i = 0; i < m.micros.size() && i < candidates.size(); ++i) {
+      if (m.micros[i] < 0) continue;
+      const int idx = static_cast<int>(i);
+      if (best < 0 || m.micros[i] < m.micros[static_cast<std::size_t>(best)]) best = idx;
+      if (candidates[i].bitwise &&
+          (best_bitwise < 0 || m.micros[i] < m.micros[static_cast<std::size_t>(best_bitwise)]))
+        best_bitwise = idx;
+    }
+    if (best_bitwise >= 0 && m.micros[static_cast<std::size_t>(best_bitwise)] <=
+                                 m.micros[static_cast<std::size_t>(best)] * bitwise_margin)
+      best = best_bitwise;
+    chosen.push_back(best);
+  }
+  return chosen;
+}
+
+nlohmann::json make_buckets(const std::vector<Candidate>& candidates,
+                            const std::vector<Measurement>& measurements,
+                            const std::vector<int>& chosen) {
+  nlohmann::json buckets = nlohmann::json::array();
+  // Drop measurements where nothing passed; the neighbours' choices cover their rows.
+  std::vector<std::pair<std::int64_t, int>> points;
+  for (std::size_t i = 0; i < measurements.size(); ++i)
+    if (chosen[i] >= 0) points.emplace_back(measurements[i].rows, chosen[i]);
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const bool last = i + 1 == points.size();
+    if (!last && points[i + 1].second == points[i].second) continue;  // merge with the next
+    nlohmann::json b = candidates[static_cast<std::size_t>(points[i].second)].bucket;
+    if (last) {
+      b["max_rows"] = nullptr;
+    } else {
+      const double a = static_cast<double>(std::max<std::int64_t>(points[i].first, 1));
+      const double c = static_cast<double>(points[i + 1].first);
+      b["max_rows"] =
+          std::max<std::int64_t>(points[i].first, static_cast<std::int64_t>(std::sqrt(a * c)));
+    }
+    buckets.push_back(b);
+  }
+  return buckets;
+}
+
+nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets) {
+  return {{"family", "long_window"},
+          {"direction", direction == Direction::kForward ? "forward" : "backward"},
+          {"coff", config.coff},
+          {"head_dim", {config.head_dim, config.head_dim}},
+          {"ratio", {config.ratio, config.ratio}},
+          {"buckets", std::move(buckets)}};
+}
+
+nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::json>& entries,
+                             const std::string& origin) {
+  nlohmann::json merged = nlohmann::json::array();
+  for (const auto& e : entries) merged.push_back(e);
+  for (const auto& old : base["entries"]) {
+    const bool replaced = std::any_of(entries.begin(), entries.end(), [&](const auto& e) {
+      return e["direction"] == old["direction"] && e["coff"] == old["coff"] &&
+             e["head_dim"] == old["head_dim"] && e["ratio"] == old["ratio"];
+    });
+    if (!replaced) merged.push_back(old);
+  }
+  base["entries"] = merged;
+  base["origin"] = origin;
+  return base;
+}
+
+}  // namespace csa::tools

@@ -1,0 +1,48 @@
+// `csa tune` planning, free of any GPU: the candidate schedules of one configuration, the
+// choice per measured row count (fastest, or the bitwise one when within 10 %), the buckets
+// those choices make, and the schedule-table JSON they become.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "csa/csa.hpp"
+
+namespace csa::tools {
+
+struct Candidate {
+  std::string name;       // "lanes-chunked-fast v2 c32 t256"
+  nlohmann::json bucket;  // the bucket's schedule fields (no max_rows)
+  bool bitwise = false;   // serial order, exact exp
+};
+
+std::vector<Candidate> tune_candidates(const Config& config, Direction direction);
+
+struct Measurement {
+  std::int64_t rows = 0;
+  std::vector<double> micros;  // per candidate; negative: failed its correctness check
+};
+
+// Index of the chosen candidate per measurement: the fastest, unless a bitwise candidate is
+// within `bitwise_margin` (1.10: 10 %) of it; -1 when every candidate failed.
+std::vector<int> choose(const std::vector<Candidate>& candidates,
+                        const std::vector<Measurement>& measurements, double bitwise_margin);
+
+// Buckets from the choices (measurements sorted by rows): neighbours with the same choice
+// merge; a boundary between measured row counts a and b sits at floor(sqrt(a * b)).
+nlohmann::json make_buckets(const std::vector<Candidate>& candidates,
+                            const std::vector<Measurement>& measurements,
+                            const std::vector<int>& chosen);
+
+// A table entry for exactly this configuration.
+nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets);
+
+// `base` (a schedule table) with `entries` put first, so they win the first-match selection;
+// entries of `base` for the same (direction, coff, head_dim, ratio) ranges are dropped.
+nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::json>& entries,
+                             const std::string& origin);
+
+}  // namespace csa::tools
