@@ -1,0 +1,322 @@
+// The launch path against an injected fake driver table (no GPU): capture guards for cold and
+// warm configurations, the prepared-record cache (one module load per configuration), launch
+// counts per call, and many threads calling at once.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "cache/disk_cache.hpp"
+#include "cache/kernel_store.hpp"
+#include "common/logger.hpp"
+#include "compressor/kernel_sources.hpp"
+#include "compressor/service.hpp"
+#include "driver/loader.hpp"
+
+namespace csa::test {
+namespace {
+
+// NOTE: the fake entry points are plain functions (the driver ABI), so their state is global;
+// every test resets it through FakeDriverTest.
+struct FakeState {
+  std::atomic<bool> capturing{false};
+  std::atomic<int> library_loads{0};
+  std::atomic<int> launches{0};
+  std::atomic<int> allocations{0};
+  std::mutex mutex;
+  std::vector<unsigned> last_grid;  // x, y, block x, block y of the last launch
+};
+FakeState& state() {
+  static FakeState s;
+  return s;
+}
+
+CUresult CUDAAPI fake_ctx_get_current(CUcontext* ctx) {
+  *ctx = reinterpret_cast<CUcontext>(0x1000);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_ctx_get_device(CUdevice* dev) {
+  *dev = 0;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_device_get_count(int* n) {
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_device_get(CUdevice* dev, int ordinal) {
+  *dev = ordinal;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_device_get_attribute(int* value, CUdevice_attribute attr, CUdevice) {
+  switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = 9;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *value = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *value = 132;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR:
+      *value = 65536;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+      *value = 2048;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR:
+      *value = 32;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR:
+      *value = 233472;
+      break;
+    default:
+      *value = 0;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_stream_is_capturing(CUstream, CUstreamCaptureStatus* status) {
+  *status = state().capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_library_load_data(CUlibrary* lib, const void*, CUjit_option*, void**,
+                                        unsigned, CUlibraryOption*, void**, unsigned) {
+  ++state().library_loads;
+  *lib = reinterpret_cast<CUlibrary>(0x2000);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_library_unload(CUlibrary) {
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_library_get_kernel(CUkernel* kernel, CUlibrary, const char*) {
+  *kernel = reinterpret_cast<CUkernel>(0x3000);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_kernel_get_attribute(int* value, CUfunction_attribute attr, CUkernel,
+                                           CUdevice) {
+  *value = attr == CU_FUNC_ATTRIBUTE_NUM_REGS ? 64 : 0;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_kernel_set_attribute(CUfunction_attribute, int, CUkernel, CUdevice) {
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction, void**, void**) {
+  ++state().launches;
+  std::lock_guard<std::mutex> lock(state().mutex);
+  state().last_grid = {config->gridDimX, config->gridDimY, config->blockDimX, config->blockDimY};
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_get_id(unsigned long long* id) {
+  *id = 7;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_ctx_get_id(CUcontext, unsigned long long* id) {
+  return fake_get_id(id);
+}
+CUresult CUDAAPI fake_stream_get_id(CUstream, unsigned long long* id) {
+  return fake_get_id(id);
+}
+CUresult CUDAAPI fake_mem_alloc_async(CUdeviceptr* ptr, std::size_t, CUstream) {
+  ++state().allocations;
+  *ptr = 0x40000;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_mem_free_async(CUdeviceptr, CUstream) {
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_mem_free(CUdeviceptr) {
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_memset(CUdeviceptr, unsigned, std::size_t, CUstream) {
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_error_name(CUresult, const char** s) {
+  *s = "CUDA_ERROR_FAKE";
+  return CUDA_SUCCESS;
+}
+
+driver::Api fake_api() {
+  driver::Api api;
+  api.cuCtxGetCurrent = fake_ctx_get_current;
+  api.cuCtxGetDevice = fake_ctx_get_device;
+  api.cuDeviceGetCount = fake_device_get_count;
+  api.cuDeviceGet = fake_device_get;
+  api.cuDeviceGetAttribute = fake_device_get_attribute;
+  api.cuStreamIsCapturing = fake_stream_is_capturing;
+  api.cuLibraryLoadData = fake_library_load_data;
+  api.cuLibraryUnload = fake_library_unload;
+  api.cuLibraryGetKernel = fake_library_get_kernel;
+  api.cuKernelGetAttribute = fake_kernel_get_attribute;
+  api.cuKernelSetAttribute = fake_kernel_set_attribute;
+  api.cuLaunchKernelEx = fake_launch;
+  api.cuCtxGetId = fake_ctx_get_id;
+  api.cuStreamGetId = fake_stream_get_id;
+  api.cuMemAllocAsync = fake_mem_alloc_async;
+  api.cuMemFreeAsync = fake_mem_free_async;
+  api.cuMemFree = fake_mem_free;
+  api.cuMemsetD32Async = fake_memset;
+  api.cuGetErrorName = fake_error_name;
+  api.cuGetErrorString = fake_error_name;
+  return api;
+}
+
+// The parts a Runtime owns, around the fake driver; the kernels are really compiled (NVRTC
+// needs no GPU) and kept in memory.
+struct FakeRuntime {
+  explicit FakeRuntime(bool jit = true)
+      : logger(make_logger("off")),
+        compiler(compressor::kernel_headers()),
+        disk(std::string(), *logger),
+        store(disk, compiler, jit, *logger),
+        loader(std::make_unique<driver::Driver>(fake_api())),
+        service(RuntimeOptions{}, *logger, store, loader) {}
+  std::shared_ptr<Logger> logger;
+  nvrtc::Compiler compiler;
+  cache::DiskCache disk;
+  cache::KernelStore store;
+  driver::Loader loader;
+  compressor::Service service;
+};
+
+// Aligned, never dereferenced (the fake launch does not run kernels).
+template <typename T>
+T* fake_ptr(std::uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+ForwardArgs forward_args(const Config& c) {
+  ForwardArgs a;
+  a.kv = fake_ptr<void>(0x100000);
+  a.score = fake_ptr<void>(0x200000);
+  a.ape = fake_ptr<float>(0x300000);
+  a.cu_seqlens = fake_ptr<std::int32_t>(0x400000);
+  a.cu_seqlens_comp = fake_ptr<std::int32_t>(0x500000);
+  a.out = fake_ptr<void>(0x600000);
+  a.total_tokens = 8192;
+  a.num_segments = 1;
+  a.total_comp = 8192 / c.ratio;
+  a.config = c;
+  return a;
+}
+
+BackwardArgs backward_args(const Config& c) {
+  const ForwardArgs f = forward_args(c);
+  BackwardArgs a;
+  a.kv = f.kv;
+  a.score = f.score;
+  a.ape = f.ape;
+  a.cu_seqlens = f.cu_seqlens;
+  a.cu_seqlens_comp = f.cu_seqlens_comp;
+  a.grad_out = fake_ptr<void>(0x700000);
+  a.grad_kv = fake_ptr<void>(0x800000);
+  a.grad_score = fake_ptr<void>(0x900000);
+  a.grad_ape = fake_ptr<float>(0xa00000);
+  a.total_tokens = f.total_tokens;
+  a.num_segments = 1;
+  a.total_comp = f.total_comp;
+  a.config = c;
+  return a;
+}
+
+class FakeDriver : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state().capturing = false;
+    state().library_loads = 0;
+    state().launches = 0;
+    state().allocations = 0;
+  }
+};
+
+const Config kShort{4, 64, 2};
+const Config kLong{128, 64, 1};
+auto* const kStream = reinterpret_cast<CUstream>(0x5000);
+
+TEST_F(FakeDriver, ColdConfigurationUnderCaptureRaisesAndTheNextCallWorks) {
+  FakeRuntime rt;
+  for (const Config& c : {kShort, kLong}) {
+    SetUp();
+    state().capturing = true;
+    try {
+      rt.service.forward(forward_args(c), kStream, Family::kAuto);
+      FAIL() << "a cold configuration was prepared under capture";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Status::kCaptureUnsafe);
+      const std::string what = e.what();
+      EXPECT_NE(what.find("prewarm"), std::string::npos) << what;
+      EXPECT_NE(what.find("head_dim=64"), std::string::npos) << what;
+    }
+    EXPECT_EQ(state().library_loads, 0) << "a module was loaded under capture";
+    EXPECT_EQ(state().launches, 0);
+    state().capturing = false;
+    rt.service.forward(forward_args(c), kStream, Family::kAuto);
+    EXPECT_EQ(state().library_loads, 1);
+    EXPECT_EQ(state().launches, 1);
+  }
+}
+
+TEST_F(FakeDriver, WarmConfigurationLaunchesUnderCaptureWithoutPreparingAgain) {
+  FakeRuntime rt;
+  for (const Config& c : {kShort, kLong}) {
+    SetUp();
+    rt.service.prewarm(c, 0, Family::kAuto);
+    EXPECT_EQ(state().library_loads, 1);
+    state().capturing = true;
+    for (int i = 0; i < 3; ++i) rt.service.forward(forward_args(c), kStream, Family::kAuto);
+    EXPECT_EQ(state().launches, 3);
+    // Backward: kernel + fixed-order grad_ape reduction; the workspace comes from the graph.
+    rt.service.backward(backward_args(c), kStream, Family::kAuto);
+    EXPECT_EQ(state().launches, 5);
+    EXPECT_EQ(state().allocations, 1) << "graph-owned grad_ape workspace";
+    EXPECT_EQ(state().library_loads, 1) << "a warm call prepared again";
+  }
+}
+
+TEST_F(FakeDriver, JitDisabledTurnsAColdKeyIntoAnError) {
+  FakeRuntime rt(/*jit=*/false);
+  try {
+    rt.service.forward(forward_args(kShort), kStream, Family::kAuto);
+    FAIL() << "compiled with JIT disabled";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::kJitDisabled);
+  }
+  EXPECT_EQ(state().launches, 0);
+}
+
+TEST_F(FakeDriver, LongWindowGridCoversEveryRowAndColumnSlice) {
+  FakeRuntime rt;
+  rt.service.forward(forward_args(kLong), kStream, Family::kAuto);
+  std::lock_guard<std::mutex> lock(state().mutex);
+  ASSERT_EQ(state().last_grid.size(), 4u);
+  EXPECT_EQ(state().last_grid[0], 8192u / 128u);                      // one CTA per output row
+  const unsigned cols = state().last_grid[1] * state().last_grid[2];  // slices x column lanes
+  EXPECT_GE(cols * 2, 64u);  // vec 1 or 2 columns per lane cover head_dim 64
+}
+
+TEST_F(FakeDriver, ManyThreadsShareOnePreparedRecordPerConfiguration) {
+  FakeRuntime rt;
+  constexpr int kThreads = 8;
+  constexpr int kCalls = 50;
+  std::vector<std::thread> threads;
+  std::atomic<int> errors{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const Config c = t % 2 == 0 ? kShort : kLong;
+      for (int i = 0; i < kCalls; ++i) {
+        try {
+          rt.service.forward(forward_args(c), kStream, Family::kAuto);
+        } catch (const std::exception&) {
+          ++errors;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors, 0);
+  EXPECT_EQ(state().launches, kThreads * kCalls);
+  EXPECT_EQ(state().library_loads, 2) << "one module load per configuration";
+}
+
+}  // namespace
+}  // namespace csa::test
