@@ -24,6 +24,7 @@ struct FakeState {
   std::atomic<int> library_loads{0};
   std::atomic<int> launches{0};
   std::atomic<int> allocations{0};
+  std::atomic<int> attribute_queries{0};
   std::mutex mutex;
   std::vector<unsigned> last_grid;  // x, y, block x, block y of the last launch
 };
@@ -95,6 +96,7 @@ CUresult CUDAAPI fake_library_get_kernel(CUkernel* kernel, CUlibrary, const char
 }
 CUresult CUDAAPI fake_kernel_get_attribute(int* value, CUfunction_attribute attr, CUkernel,
                                            CUdevice) {
+  ++state().attribute_queries;
   *value = attr == CU_FUNC_ATTRIBUTE_NUM_REGS ? 64 : 0;
   return CUDA_SUCCESS;
 }
@@ -226,6 +228,7 @@ class FakeDriver : public ::testing::Test {
     state().library_loads = 0;
     state().launches = 0;
     state().allocations = 0;
+    state().attribute_queries = 0;
   }
 };
 
@@ -316,6 +319,41 @@ TEST_F(FakeDriver, ManyThreadsShareOnePreparedRecordPerConfiguration) {
   EXPECT_EQ(errors, 0);
   EXPECT_EQ(state().launches, kThreads * kCalls);
   EXPECT_EQ(state().library_loads, 2) << "one module load per configuration";
+}
+
+// The plan API over the same service: prepared by the constructor, then calls that launch
+// under capture without any preparation, and reject a call for another configuration.
+TEST_F(FakeDriver, PlanPreparesOnceAndLaunchesUnderCapture) {
+  FakeRuntime rt;
+  for (const Config& c : {kShort, kLong}) {
+    SetUp();
+    auto record = rt.service.record(c, Family::kAuto, 0);
+    EXPECT_EQ(state().library_loads, 1);
+    const int queries = state().attribute_queries;
+    state().capturing = true;
+    for (int i = 0; i < 4; ++i) {
+      rt.service.forward_with(*record, forward_args(c), kStream);
+      rt.service.backward_with(*record, backward_args(c), kStream);
+    }
+    EXPECT_EQ(state().launches, 4 * 3);  // forward + backward kernel + grad_ape reduction
+    EXPECT_EQ(state().attribute_queries, queries) << "a plan call prepared again";
+    EXPECT_EQ(state().library_loads, 1);
+    // The free-function path finds the same record: no new load, launches under capture.
+    rt.service.forward(forward_args(c), kStream, Family::kAuto);
+    EXPECT_EQ(state().library_loads, 1);
+  }
+}
+
+TEST_F(FakeDriver, FastLaunchOffResolvesEveryCall) {
+  ::setenv("CSA_FAST_LAUNCH", "0", 1);
+  FakeRuntime rt;
+  ::unsetenv("CSA_FAST_LAUNCH");
+  rt.service.forward(forward_args(kShort), kStream, Family::kAuto);
+  const int queries = state().attribute_queries;
+  rt.service.forward(forward_args(kShort), kStream, Family::kAuto);
+  EXPECT_GT(state().attribute_queries, queries) << "CSA_FAST_LAUNCH=0 reused a record";
+  EXPECT_EQ(state().library_loads, 1) << "the module cache still serves the kernels";
+  EXPECT_EQ(state().launches, 2);
 }
 
 }  // namespace

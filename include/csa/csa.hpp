@@ -210,6 +210,32 @@ class CSA_API Runtime {
   std::unique_ptr<Impl> impl_;
 };
 
+// A configuration prepared once on one device, for trainers: every kernel (each schedule
+// bucket of both directions) is compiled or loaded by the constructor, so calls never compile,
+// load or allocate for preparation, and skip the runtime's record lookup. Calls must come from
+// a thread whose current device is `device`, with args.config equal to the plan's. A plan
+// keeps its kernels when the runtime's schedule table changes; it must not outlive `runtime`.
+class CSA_API Plan {
+ public:
+  Plan(Runtime& runtime, const Config& config, int device, Family family = Family::kAuto);
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+
+  void forward(const ForwardArgs& args, Stream stream) const;
+  void backward(const BackwardArgs& args, Stream stream) const;
+  const Config& config() const;
+  int device() const;
+  Family family() const;  // the family resolved for this device (never kAuto)
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 // Free functions on the default runtime.
 CSA_API void forward(const ForwardArgs& args, Stream stream);
 CSA_API void backward(const BackwardArgs& args, Stream stream);

@@ -91,7 +91,8 @@ Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelSto
       store_(store),
       loader_(loader),
       compile_options_{options.ptxas_verbose, options.line_info},
-      schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")) {
+      schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")),
+      fast_launch_(env::flag("CSA_FAST_LAUNCH", true)) {
   auto set = std::make_shared<schedule::ScheduleSet>(schedule::ScheduleSet::embedded());
   if (const auto file = env::get("CSA_SCHEDULE_FILE")) {
     std::ifstream in(*file, std::ios::binary);
@@ -236,6 +237,7 @@ int Service::current_device() {
 
 std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family family, int device,
                                                  bool* compiled) {
+  check_family(config, family);  // a bad configuration is reported before any driver use
   auto prepared = std::make_shared<Prepared>();
   prepared->config = config;
   prepared->device = device_traits(device);
@@ -341,19 +343,56 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set)
   p.long_ape_reduce_slot = slots.ape_reduce;
 }
 
-const Prepared& Service::prepared_for_call(const Config& config, Family family, CUstream stream) {
+std::shared_ptr<const Prepared> Service::prepared_for_call(const Config& config, Family family,
+                                                           CUstream stream) {
   const int device = current_device();
   const RecordKey key{config.ratio, config.coff, config.head_dim, static_cast<int>(family), device};
-  {
+  if (fast_launch_) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = records_.find(key);
-    if (it != records_.end()) return *it->second;
+    if (it != records_.end()) return it->second;
   }
   launch::ensure_not_capturing(loader_.get(), stream, "compiling or loading kernels",
                                config_label(config), prewarm_spec(config));
   auto prepared = prepare(config, family, device, nullptr);
+  if (!fast_launch_) return prepared;  // CSA_FAST_LAUNCH=0: resolved again on every call
   std::lock_guard<std::mutex> lock(mutex_);
-  return *records_.emplace(key, std::move(prepared)).first->second;
+  return records_.emplace(key, std::move(prepared)).first->second;
+}
+
+std::shared_ptr<const Prepared> Service::record(const Config& config, Family family, int device) {
+  check_family(config, family);
+  const RecordKey key{config.ratio, config.coff, config.head_dim, static_cast<int>(family), device};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = records_.find(key);
+    if (it != records_.end()) return it->second;
+  }
+  auto prepared = prepare(config, family, device, nullptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return records_.emplace(key, std::move(prepared)).first->second;
+}
+
+void Service::check_record_device(const Prepared& p) {
+  const int device = current_device();
+  if (device != p.device.ordinal) {
+    fail(Status::kInvalidArgument,
+         "the plan for {} was prepared for device {} but the calling thread's current device is {}",
+         config_label(p.config), p.device.ordinal, device);
+  }
+}
+
+void Service::forward_with(const Prepared& p, const ForwardArgs& a, CUstream stream) {
+  validate_forward(a);
+  if (a.total_comp == 0) return;
+  check_record_device(p);
+  launch_forward(p, a, stream);
+}
+
+void Service::backward_with(const Prepared& p, const BackwardArgs& a, CUstream stream) {
+  validate_backward(a);
+  check_record_device(p);
+  launch_backward(p, a, stream);
 }
 
 PrewarmReport Service::prewarm(const Config& config, int device, Family family) {
@@ -395,7 +434,10 @@ void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
   validate_forward(a);
   check_family(a.config, family);
   if (a.total_comp == 0) return;  // nothing to write
-  const Prepared& p = prepared_for_call(a.config, family, stream);
+  launch_forward(*prepared_for_call(a.config, family, stream), a, stream);
+}
+
+void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream stream) {
   if (p.family == Family::kLongWindow) {
     forward_long(p, a, stream);
     return;
@@ -422,7 +464,10 @@ void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
 void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   validate_backward(a);
   check_family(a.config, family);
-  const Prepared& p = prepared_for_call(a.config, family, stream);
+  launch_backward(*prepared_for_call(a.config, family, stream), a, stream);
+}
+
+void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream stream) {
   if (p.family == Family::kLongWindow) {
     backward_long(p, a, stream);
     return;

@@ -62,6 +62,12 @@ class Service {
 
   void forward(const ForwardArgs& args, CUstream stream, Family family);
   void backward(const BackwardArgs& args, CUstream stream, Family family);
+
+  // The plan API: a record prepared once (no capture check: never called while capturing a
+  // stream), then calls against it that skip the record lookup.
+  std::shared_ptr<const Prepared> record(const Config& config, Family family, int device);
+  void forward_with(const Prepared& p, const ForwardArgs& args, CUstream stream);
+  void backward_with(const Prepared& p, const BackwardArgs& args, CUstream stream);
   PrewarmReport prewarm(const Config& config, int device, Family family);
   PrewarmReport compile_for_arch(const Config& config, const std::string& arch, Family family);
   OffsetReport check_offsets(const std::int32_t* cu, const std::int32_t* cuc,
@@ -82,7 +88,11 @@ class Service {
  private:
   using RecordKey = std::tuple<int, int, int, int, int>;  // ratio, coff, head_dim, family, device
 
-  const Prepared& prepared_for_call(const Config& config, Family family, CUstream stream);
+  std::shared_ptr<const Prepared> prepared_for_call(const Config& config, Family family,
+                                                    CUstream stream);
+  void launch_forward(const Prepared& p, const ForwardArgs& a, CUstream stream);
+  void launch_backward(const Prepared& p, const BackwardArgs& a, CUstream stream);
+  void check_record_device(const Prepared& p);
   std::shared_ptr<const Prepared> prepare(const Config& config, Family family, int device,
                                           bool* compiled);
   cache::ModuleCache& modules();
@@ -101,6 +111,7 @@ class Service {
   driver::Loader& loader_;
   CompileOptions compile_options_;
   std::optional<std::string> schedule_override_;
+  bool fast_launch_ = true;  // CSA_FAST_LAUNCH=0: no record cache, everything resolved per call
 
   // Scratch for the fixed-order grad_ape partials, one per (context, stream), grown on demand.
   // NOTE: keyed by the driver's unique context and stream ids, never by handle values, which
