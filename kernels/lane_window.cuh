@@ -1,0 +1,377 @@
+// Long-window family, lanes form (the shipped one): thread (x, lane) holds the slots
+// [lane*C, (lane+1)*C) of its VEC columns in registers (C = ceil(WIN / LANES)); lanes merge
+// their softmax partials (max, sum of e, sum of kv*e) through shared memory in fixed lane
+// order, or (forward, SERIAL) sum in slot order through shared memory. No staging round trip,
+// so occupancy is bounded by registers.
+#pragma once
+#include "long_window_common.cuh"
+namespace csa_kernel {
+
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
+struct LaneWindow {
+  static constexpr int W = COFF * HEAD_DIM;
+  static constexpr int WIN = COFF * RATIO;
+  static constexpr int C = (WIN + LANES - 1) / LANES;
+  using Geometry = LongWindow<RATIO, COFF, HEAD_DIM, 32, 32>;  // slot geometry only
+};
+
+// Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
+__device__ __forceinline__ void load_lane_window(
+    const csa_u16* score, const csa_u16* kv, const float* ape, const RowWindow& w, int col,
+    int lane, float (&s)[LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C][VEC],
+    float (&x)[LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C][VEC]) {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  using Raw = typename RawBf16<VEC>::type;
+  Raw rs[LW::C], rx[LW::C];
+  float a[LW::C][VEC];
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j) {
+    const int k = lane * LW::C + j;
+    if (k < LW::WIN && G::valid(k, w.first)) {
+      const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+      rs[j] = __ldg(reinterpret_cast<const Raw*>(score + off));
+      rx[j] = __ldg(reinterpret_cast<const Raw*>(kv + off));
+      load_f32<VEC>(ape + G::ape_index(k, col), a[j]);
+    } else {
+      rs[j] = Raw{};
+      rx[j] = Raw{};
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) a[j][v] = neg_inf();
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j) {
+    raw_to_f32<VEC>(rx[j], x[j]);
+    float sc[VEC];
+    raw_to_f32<VEC>(rs[j], sc);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) s[j][v] = __fadd_rn(sc[v], a[j][v]);
+  }
+}
+
+// The backward's loads of one row's window: raw bf16 issued together, then turned into s and
+// kv. ape is row-independent and held in registers for the whole CTA.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
+struct LaneLoads {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  using Raw = typename RawBf16<VEC>::type;
+  Raw score[LW::C], kv[LW::C], grad_out;
+
+  __device__ __forceinline__ void issue(const BackwardParams& p, const RowWindow& w, int row,
+                                        int col, int lane, bool active) {
+    grad_out =
+        active ? __ldg(reinterpret_cast<const Raw*>(p.grad_out + row * HEAD_DIM + col)) : Raw{};
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      if (active && k < LW::WIN && G::valid(k, w.first)) {
+        const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+        score[j] = __ldg(reinterpret_cast<const Raw*>(p.score + off));
+        kv[j] = __ldg(reinterpret_cast<const Raw*>(p.kv + off));
+      } else {
+        score[j] = Raw{};
+        kv[j] = Raw{};
+      }
+    }
+  }
+
+  // s = score + ape (invalid slots: -inf), kv (invalid: 0).
+  __device__ __forceinline__ void finish(const float (&ape)[LW::C][VEC], const RowWindow& w,
+                                         int lane, float (&s)[LW::C][VEC], float (&x)[LW::C][VEC],
+                                         float (&g)[VEC]) const {
+    raw_to_f32<VEC>(grad_out, g);
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      const bool valid = k < LW::WIN && G::valid(k, w.first);
+      float sc[VEC];
+      raw_to_f32<VEC>(score[j], sc);
+      raw_to_f32<VEC>(kv[j], x[j]);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) s[j][v] = valid ? __fadd_rn(sc[v], ape[j][v]) : neg_inf();
+    }
+  }
+};
+
+// Lane max, then e in place and the lane's sum of e.
+template <int C, int VEC, bool FAST_EXP>
+__device__ __forceinline__ void lane_exps(float (&s)[C][VEC], float (&m)[VEC], float (&den)[VEC]) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    m[v] = neg_inf();
+    den[v] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < C; ++j)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) m[v] = fmaxf(m[v], s[j][v]);
+#pragma unroll
+  for (int j = 0; j < C; ++j)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      // A lane with no valid slot has m = -inf: its e stay 0 (exp(-inf)), never NaN.
+      s[j][v] = m[v] == neg_inf() ? 0.0f : softmax_exp<FAST_EXP>(__fsub_rn(s[j][v], m[v]));
+      den[v] = __fadd_rn(den[v], s[j][v]);
+    }
+}
+
+// Fixed-order merge of the lanes' (m, den) of one column: the window max and, per lane, the
+// factor exp(m_q - M) that rescales its partial sums.
+template <int LANES, bool FAST_EXP>
+__device__ __forceinline__ float merged_max(const float* m, int stride) {
+  float M = neg_inf();
+#pragma unroll 8
+  for (int q = 0; q < LANES; ++q) M = fmaxf(M, m[q * stride]);
+  return M;
+}
+
+template <int LANES, bool FAST_EXP>
+__device__ __forceinline__ float merged_sum(const float* m, const float* part, int stride,
+                                            float M) {
+  float sum = 0.0f;
+#pragma unroll 8
+  for (int q = 0; q < LANES; ++q) {
+    const float mq = m[q * stride];
+    if (mq == neg_inf()) continue;  // empty lane: contributes nothing
+    sum = __fadd_rn(sum, __fmul_rn(part[q * stride], softmax_exp<FAST_EXP>(__fsub_rn(mq, M))));
+  }
+  return sum;
+}
+
+// SERIAL: every lane takes the window max M (exact in any order), e_k = expf(s_k - M) goes to
+// shared memory, and one thread per column sums den, then out = sum_k round(kv_k * p_k),
+// serially in slot order: out is bitwise equal to the fp32-intermediate reference. Otherwise
+// each lane keeps (lane max, sum e, sum kv*e) and the lanes merge in fixed order.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL, bool FAST_EXP>
+__global__ void __launch_bounds__(TX* LANES, 1)
+    lane_window_forward(const __grid_constant__ ForwardParams p) {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  static_assert(LANES >= VEC, "lanes 0..VEC-1 finish the columns");
+  static_assert(!(SERIAL && FAST_EXP), "the serial order is the bitwise contract: exact expf");
+  constexpr int NCV = HEAD_DIM / VEC;
+  constexpr int COLS = TX * VEC;
+  constexpr int E_ROWS = SERIAL ? LW::WIN : 1;
+  __shared__ float sm_m[LANES][COLS], sm_den[LANES][COLS], sm_acc[LANES][COLS];
+  __shared__ float sm_e[E_ROWS][COLS];
+  const int row = blockIdx.x;
+  const int cv = blockIdx.y * TX + threadIdx.x;
+  const int lane = threadIdx.y;
+  const bool active = cv < NCV;
+  const int col = cv * VEC;
+  const RowWindow w =
+      locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+  float s[LW::C][VEC], x[LW::C][VEC];
+  if (active) {
+    load_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(p.score, p.kv, p.ape, w, col, lane, s, x);
+  } else {
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j)
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        s[j][v] = neg_inf();
+        x[j][v] = 0.0f;
+      }
+  }
+  if constexpr (SERIAL) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      float m = neg_inf();
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) m = fmaxf(m, s[j][v]);
+      sm_m[lane][threadIdx.x * VEC + v] = m;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const int c = threadIdx.x * VEC + v;
+      const float M = merged_max<LANES, FAST_EXP>(&sm_m[0][c], COLS);
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        const int k = lane * LW::C + j;
+        if (k < LW::WIN) sm_e[k][c] = expf(__fsub_rn(s[j][v], M));
+      }
+    }
+    __syncthreads();
+    if (lane < VEC) {
+      const int c = threadIdx.x * VEC + lane;
+      float den = 0.0f;
+#pragma unroll 8
+      for (int k = 0; k < LW::WIN; ++k) den = __fadd_rn(den, sm_e[k][c]);
+      sm_den[0][c] = den;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const int c = threadIdx.x * VEC + v;
+      const float den = sm_den[0][c];
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        const int k = lane * LW::C + j;
+        if (k < LW::WIN) sm_e[k][c] = __fmul_rn(x[j][v], __fdiv_rn(sm_e[k][c], den));
+      }
+    }
+    __syncthreads();
+    if (lane >= VEC || !active) return;
+    const int c = threadIdx.x * VEC + lane;
+    float out = 0.0f;
+#pragma unroll 8
+    for (int k = 0; k < LW::WIN; ++k) out = __fadd_rn(out, sm_e[k][c]);
+    p.out[row * HEAD_DIM + col + lane] = f32_to_bf16(out);
+  } else {
+    float m[VEC], den[VEC], acc[VEC];
+    lane_exps<LW::C, VEC, FAST_EXP>(s, m, den);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      acc[v] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) acc[v] = __fadd_rn(acc[v], __fmul_rn(x[j][v], s[j][v]));
+      const int c = threadIdx.x * VEC + v;
+      sm_m[lane][c] = m[v];
+      sm_den[lane][c] = den[v];
+      sm_acc[lane][c] = acc[v];
+    }
+    __syncthreads();
+    // Lane q < VEC finishes column threadIdx.x * VEC + q.
+    if (lane >= VEC || !active) return;
+    const int c = threadIdx.x * VEC + lane;
+    const float M = merged_max<LANES, FAST_EXP>(&sm_m[0][c], COLS);
+    const float total_den = merged_sum<LANES, FAST_EXP>(&sm_m[0][c], &sm_den[0][c], COLS, M);
+    const float total_acc = merged_sum<LANES, FAST_EXP>(&sm_m[0][c], &sm_acc[0][c], COLS, M);
+    // Correctly rounded while den and the quotient stay normal (den >= 1: the window max's e
+    // is 1); no slow-path call (tolerance contract).
+    p.out[row * HEAD_DIM + col + lane] =
+        f32_to_bf16(div_rn_fast(total_acc, total_den, refined_reciprocal(total_den)));
+  }
+}
+
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool FAST_EXP>
+__global__ void __launch_bounds__(TX* LANES, TX* LANES <= 256 ? 2 : 1)
+    lane_window_backward(const __grid_constant__ BackwardParams p) {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  constexpr int NCV = HEAD_DIM / VEC;
+  constexpr int COLS = TX * VEC;
+  constexpr int THREADS = TX * LANES;
+  // Double-buffered by row parity: two barriers per row.
+  __shared__ float sm_m[2][LANES][COLS], sm_den[2][LANES][COLS], sm_s[2][LANES][COLS];
+  const int lane = threadIdx.y;
+  const int cv = blockIdx.y * TX + threadIdx.x;
+  const bool active = cv < NCV;
+  const int col = cv * VEC;
+  const int col0 = blockIdx.y * COLS;
+  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
+
+  float dape[LW::C][VEC];
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) dape[j][v] = 0.0f;
+
+  // ape of this thread's slots: the same for every row.
+  float ape[LW::C][VEC];
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j) {
+    const int k = lane * LW::C + j;
+    if (active && k < LW::WIN) {
+      load_f32<VEC>(p.ape + G::ape_index(k, col), ape[j]);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) ape[j][v] = 0.0f;
+    }
+  }
+
+  const long long row_begin = static_cast<long long>(blockIdx.x) * p.rows_per_cta;
+  const int row_end = static_cast<int>(
+      row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
+  int buf = 0;
+  for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1) {
+    const RowWindow w =
+        locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+    // NOTE: prefetching the next row's window here measured no faster on the H200 and needs
+    // twice the registers; the CTAs resident per SM hide the load latency instead.
+    LaneLoads<RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
+    loads.issue(p, w, row, col, lane, active);
+    float s[LW::C][VEC], x[LW::C][VEC], g[VEC];
+    loads.finish(ape, w, lane, s, x, g);
+    float m[VEC], den[VEC];
+    lane_exps<LW::C, VEC, FAST_EXP>(s, m, den);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      sm_m[buf][lane][threadIdx.x * VEC + v] = m[v];
+      sm_den[buf][lane][threadIdx.x * VEC + v] = den[v];
+    }
+    __syncthreads();
+    // Every thread merges the same lanes in the same order: identical M and den everywhere.
+    float scale[VEC], S_part[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const int c = threadIdx.x * VEC + v;
+      const float M = merged_max<LANES, FAST_EXP>(&sm_m[buf][0][c], COLS);
+      const float total =
+          merged_sum<LANES, FAST_EXP>(&sm_m[buf][0][c], &sm_den[buf][0][c], COLS, M);
+      // p = e * exp(m_q - M) / den; an empty lane has e = 0 everywhere. The reciprocal is
+      // Newton-refined, not IEEE: this form is under the tolerance contract, and it keeps the
+      // division's slow-path call (and the register spills around it) out of the kernel.
+      scale[v] = m[v] == neg_inf() ? 0.0f
+                                   : __fmul_rn(softmax_exp<FAST_EXP>(__fsub_rn(m[v], M)),
+                                               refined_reciprocal(total));
+      S_part[v] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        s[j][v] = __fmul_rn(s[j][v], scale[v]);  // p_k
+        S_part[v] = __fadd_rn(S_part[v], __fmul_rn(__fmul_rn(g[v], x[j][v]), s[j][v]));
+      }
+      sm_s[buf][lane][c] = S_part[v];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const int c = threadIdx.x * VEC + v;
+      float S = 0.0f;
+#pragma unroll 8
+      for (int q = 0; q < LANES; ++q) S = __fadd_rn(S, sm_s[buf][q][c]);
+      S_part[v] = S;
+    }
+    if (active) {
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        const int k = lane * LW::C + j;
+        if (k >= LW::WIN || !G::valid(k, w.first)) continue;
+        float gkv[VEC], gs[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float pd = __fmul_rn(__fmul_rn(g[v], x[j][v]), s[j][v]);
+          gs[v] = __fmaf_rn(s[j][v], -S_part[v], pd);
+          gkv[v] = __fmul_rn(g[v], s[j][v]);
+          dape[j][v] = __fadd_rn(dape[j][v], gs[v]);
+        }
+        const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+        store_bf16<VEC>(p.grad_kv + off, gkv);
+        store_bf16<VEC>(p.grad_score + off, gs);
+      }
+    }
+    if (w.last) {
+      if (COFF == 2) zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0, RATIO, col0, true);
+      const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
+      if (tail_end > w.t0 + RATIO)
+        zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0 + RATIO, tail_end - w.t0 - RATIO, col0,
+                                                   false);
+    }
+  }
+  zero_unowned<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
+
+  if (!active) return;
+  float* dst = p.workspace + static_cast<long long>(blockIdx.x) * (RATIO * LW::W);
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j) {
+    const int k = lane * LW::C + j;
+    if (k >= LW::WIN) continue;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) dst[G::ape_index(k, col + v)] = dape[j][v];
+  }
+}
+
+}  // namespace csa_kernel

@@ -1,0 +1,140 @@
+// Long-window family, shared pieces: the exp forms, the window's slot geometry and the
+// staged form's shared-memory layout, raw bf16 vectors, and the backward's zero-writes.
+#pragma once
+#include "csa_common.cuh"
+
+namespace csa_kernel {
+
+// exp(x) = 2^(x * log2 e) with log2 e split in two fp32 parts (hi + lo), so the product keeps
+// nearly fp32 accuracy before the hardware ex2. exp(-inf) = +0 and NaN propagates.
+__device__ __forceinline__ float exp_fast(float x) {
+  const float y = __fmaf_rn(x, 1.925963033500011e-08f, __fmul_rn(x, 1.4426950216293335f));
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+  return r;
+}
+
+template <bool FAST>
+__device__ __forceinline__ float softmax_exp(float x) {
+  if constexpr (FAST) {
+    return exp_fast(x);
+  } else {
+    return expf(x);
+  }
+}
+
+// Slot geometry of the window (SPEC §1) and the shared-memory layout of one CTA.
+template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
+struct LongWindow {
+  static constexpr int W = COFF * HEAD_DIM;
+  static constexpr int WIN = COFF * RATIO;
+  static constexpr int CHUNKS = THREADS / COLS;
+  static constexpr int PER_LANE = (WIN + CHUNKS - 1) / CHUNKS;
+  static_assert(THREADS % COLS == 0, "COLS must divide THREADS");
+  static_assert(CHUNKS >= 1, "at least one lane per column");
+
+  // Token of slot k relative to the row's own block start t0.
+  static __device__ __forceinline__ int token(int t0, int k) { return t0 + k - (COFF - 1) * RATIO; }
+  // First column of slot k's half inside a token's W columns.
+  static __device__ __forceinline__ int half_offset(int k) {
+    return (COFF == 2 && k >= RATIO) ? HEAD_DIM : 0;
+  }
+  static __device__ __forceinline__ int ape_index(int k, int col) {
+    return (k % RATIO) * W + half_offset(k) + col;
+  }
+  static __device__ __forceinline__ bool valid(int k, bool first) {
+    return !(COFF == 2 && first && k < RATIO);
+  }
+
+  // Layout (in 4-byte words): e[WIN][COLS] | red[3][CHUNKS][COLS] | col[4][COLS] | kv (bf16).
+  float* e;
+  float* red;
+  float* col;
+  unsigned short* kv;
+  static constexpr int kWords = WIN * COLS + 3 * CHUNKS * COLS + 4 * COLS;
+  static constexpr int kBytes = kWords * 4 + WIN * COLS * 2;
+  __device__ explicit LongWindow(float* smem)
+      : e(smem),
+        red(smem + WIN * COLS),
+        col(smem + WIN * COLS + 3 * CHUNKS * COLS),
+        kv(reinterpret_cast<unsigned short*>(smem + kWords)) {}
+  __device__ float& E(int k, int c) { return e[k * COLS + c]; }
+  __device__ float& Red(int which, int lane, int c) {
+    return red[(which * CHUNKS + lane) * COLS + c];
+  }
+  __device__ float& Col(int which, int c) { return col[which * COLS + c]; }
+  __device__ float KV(int k, int c) const { return bf16_to_f32(kv[k * COLS + c]); }
+};
+
+// VEC adjacent bf16 values as raw bits, one access.
+template <int VEC>
+struct RawBf16;
+template <>
+struct RawBf16<1> {
+  using type = unsigned short;
+};
+template <>
+struct RawBf16<2> {
+  using type = unsigned;
+};
+template <>
+struct RawBf16<4> {
+  using type = uint2;
+};
+template <>
+struct RawBf16<8> {
+  using type = uint4;
+};
+
+template <int VEC>
+__device__ __forceinline__ void raw_to_f32(const typename RawBf16<VEC>::type& raw,
+                                           float (&v)[VEC]) {
+  const unsigned short* h = reinterpret_cast<const unsigned short*>(&raw);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) v[i] = bf16_to_f32(h[i]);
+}
+
+// Exact zeros on `count` tokens from `first_token`, columns [col0, col0 + COLS) of the halves
+// selected (first half only when `first_half_only`).
+template <int COFF, int HEAD_DIM, int COLS, int THREADS>
+__device__ __forceinline__ void zero_tokens(const BackwardParams& p, int first_token, int count,
+                                            int col0, bool first_half_only) {
+  constexpr int W = COFF * HEAD_DIM;
+  constexpr int HALVES = COFF;
+  const int halves = first_half_only ? 1 : HALVES;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  for (int i = tid; i < count * halves * COLS; i += THREADS) {
+    const int c = i % COLS;
+    const int h = (i / COLS) % halves;
+    const int t = first_token + i / (COLS * halves);
+    if (col0 + c >= HEAD_DIM) continue;
+    const int off = t * W + h * HEAD_DIM + col0 + c;
+    p.grad_kv[off] = 0;
+    p.grad_score[off] = 0;
+  }
+}
+
+// Zero-writes owned by no row, for the CTA's columns: segments shorter than ratio and the
+// token capacity past cu[B], spread over the row groups (gridDim.x).
+template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
+__device__ __forceinline__ void zero_unowned(const BackwardParams& p, int col0) {
+  const int groups = gridDim.x;
+  for (int s = blockIdx.x; s < p.num_segments; s += groups) {
+    if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
+    const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
+    const int t_end =
+        clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin, min(p.total_tokens, t_begin + RATIO - 1));
+    zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, t_begin, t_end - t_begin, col0, false);
+  }
+  const int used =
+      p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
+  // NOTE: 64-bit products: groups * per_group may pass 2^31.
+  const long long capacity = p.total_tokens - used;
+  const long long per_group = (capacity + groups - 1) / groups;
+  const int t_begin = used + static_cast<int>(min(capacity, blockIdx.x * per_group));
+  const int t_end = used + static_cast<int>(min(capacity, (blockIdx.x + 1) * per_group));
+  if (t_end > t_begin)
+    zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, t_begin, t_end - t_begin, col0, false);
+}
+
+}  // namespace csa_kernel

@@ -1,0 +1,149 @@
+// The long-window family's part of the service: preparing every bucket kernel of a
+// configuration, and the forward and backward launches.
+#include <algorithm>
+#include <optional>
+
+#include "common/error.hpp"
+#include "compressor/launch_helpers.hpp"
+#include "compressor/service.hpp"
+#include "launch/launch.hpp"
+
+namespace csa::compressor {
+
+using detail::blocks_for;
+using detail::device_ptr;
+using detail::fill_inputs;
+using detail::StreamScratch;
+
+ModuleSpec Service::long_window_spec(const Config& config, const std::string& arch,
+                                     const schedule::ScheduleSet& set,
+                                     std::vector<schedule::LongWindowSchedule>* forward,
+                                     std::vector<schedule::LongWindowSchedule>* backward,
+                                     LongWindowSlots* slots) const {
+  *forward = set.kernels(config, Direction::kForward, arch);
+  *backward = set.kernels(config, Direction::kBackward, arch);
+  return make_long_window_spec(config, *forward, *backward, arch, compile_options_, slots);
+}
+
+void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set) {
+  std::vector<schedule::LongWindowSchedule> forward, backward;
+  LongWindowSlots slots;
+  long_window_spec(p.config, p.device.arch, set, &forward, &backward, &slots);
+  driver::Driver& d = loader_.get();
+  CUdevice dev = 0;
+  d.check(d.api().cuDeviceGet(&dev, p.device.ordinal), "cuDeviceGet");
+  auto buckets_of = [&](Direction direction,
+                        const std::vector<schedule::LongWindowSchedule>& kernels, int first_slot) {
+    std::vector<PreparedBucket> out;
+    std::int64_t rows = 0;
+    for (;;) {
+      const schedule::Selection sel = set.select(p.config, direction, rows, p.device.arch);
+      PreparedBucket b;
+      b.max_rows = sel.rows_max;
+      b.schedule = sel.schedule;
+      const auto it = std::find_if(kernels.begin(), kernels.end(),
+                                   [&](const auto& k) { return k.same_kernel(sel.schedule); });
+      b.slot = first_slot + static_cast<int>(it - kernels.begin());
+      b.shared_bytes = schedule::long_window_shared_bytes(p.config, b.schedule);
+      const CUkernel kernel = p.kernel(b.slot);
+      // NOTE: attributes are set here, never on the launch path (not capture-safe to change).
+      if (b.shared_bytes > 0) {
+        d.check(d.api().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                             b.shared_bytes, kernel, dev),
+                fmt::format("cuKernelSetAttribute(max dynamic shared memory {} B) for {}",
+                            b.shared_bytes, config_label(p.config))
+                    .c_str());
+      }
+      int regs = 0;
+      int static_shared = 0;
+      d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, kernel, dev),
+              "cuKernelGetAttribute(registers)");
+      d.check(d.api().cuKernelGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                                           kernel, dev),
+              "cuKernelGetAttribute(shared memory)");
+      b.resident_ctas = schedule::resident_ctas(p.device.sm, b.schedule.threads, regs,
+                                                b.shared_bytes + static_shared);
+      out.push_back(b);
+      if (sel.rows_max < 0) break;
+      rows = sel.rows_max + 1;
+    }
+    return out;
+  };
+  p.long_forward = buckets_of(Direction::kForward, forward, slots.forward_begin);
+  p.long_backward = buckets_of(Direction::kBackward, backward, slots.backward_begin);
+  p.long_ape_reduce_slot = slots.ape_reduce;
+}
+
+namespace {
+
+// Staged form: a 1-D block and dynamic shared memory; lanes form: (column lanes, window lanes).
+void set_block(launch::LaunchShape& shape, const PreparedBucket& b) {
+  if (b.schedule.staged) {
+    shape.block_x = static_cast<unsigned>(b.schedule.threads);
+    shape.shared_bytes = static_cast<unsigned>(b.shared_bytes);
+  } else {
+    shape.block_x = static_cast<unsigned>(b.schedule.cols / b.schedule.vec);
+    shape.block_y = static_cast<unsigned>(b.schedule.window_lanes());
+  }
+}
+
+const PreparedBucket& bucket_for(const std::vector<PreparedBucket>& buckets, std::int64_t rows) {
+  for (const auto& b : buckets)
+    if (b.max_rows < 0 || rows <= b.max_rows) return b;
+  return buckets.back();
+}
+
+}  // namespace
+
+void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream stream) {
+  const PreparedBucket& b = bucket_for(p.long_forward, a.total_comp);
+  csa_kernel::ForwardParams params{};
+  fill_inputs(params, a);
+  params.out = static_cast<csa_u16*>(a.out);
+  launch::LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(a.total_comp);
+  shape.grid_y = static_cast<unsigned>((a.config.head_dim + b.schedule.cols - 1) / b.schedule.cols);
+  set_block(shape, b);
+  launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
+}
+
+void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream stream) {
+  driver::Driver& d = driver();
+  const Config& c = a.config;
+  const std::int64_t ape_elems = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
+  const PreparedBucket& b = bucket_for(p.long_backward, a.total_comp);
+  const auto grid = schedule::long_window_backward_grid(c, b.schedule, a.total_comp,
+                                                        p.device.sm_count, b.resident_ctas);
+  csa_kernel::BackwardParams params{};
+  fill_inputs(params, a);
+  params.grad_out = static_cast<const csa_u16*>(a.grad_out);
+  params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
+  params.grad_score = static_cast<csa_u16*>(a.grad_score);
+  params.grad_ape = a.grad_ape;
+  params.rows_per_cta = grid.rows_per_cta;
+  const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
+                                      static_cast<std::size_t>(ape_elems) * sizeof(float);
+  CUdeviceptr workspace = stream_workspace(stream, workspace_bytes);
+  std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
+  if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
+  params.workspace = device_ptr<float>(workspace);
+  launch::LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(grid.row_groups);
+  shape.grid_y = static_cast<unsigned>(grid.column_slices);
+  set_block(shape, b);
+  launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
+  csa_kernel::ApeReduceParams reduce{};
+  reduce.workspace = params.workspace;
+  reduce.grad_ape = a.grad_ape;
+  reduce.elements = static_cast<csa_i32>(ape_elems);
+  reduce.groups = grid.row_groups;
+  reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;
+  launch::LaunchShape rshape;
+  rshape.grid_x = blocks_for(ape_elems, 32);
+  rshape.block_x = 32;
+  rshape.block_y = static_cast<unsigned>(kApeReduceLanes);
+  launch::launch(d, p.kernel(p.long_ape_reduce_slot), rshape, reduce, stream,
+                 "grad_ape reduction launch");
+}
+
+}  // namespace csa::compressor
