@@ -13,7 +13,9 @@
 
 namespace csa::tools {
 
-struct Candidate {
+// NOTE: nlohmann::json members make the implicit special members potentially throwing;
+// candidates are built once, outside any noexcept path.
+struct Candidate {        // NOLINT(bugprone-exception-escape)
   std::string name;       // "lanes-chunked-fast v2 c32 t256"
   nlohmann::json bucket;  // the bucket's schedule fields (no max_rows)
   bool bitwise = false;   // serial order, exact exp
