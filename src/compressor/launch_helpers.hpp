@@ -7,6 +7,7 @@
 #include "csa/csa.hpp"
 #include "csa_params.h"
 #include "driver/driver.hpp"
+#include "launch/launch.hpp"
 
 namespace csa::compressor::detail {
 
@@ -49,6 +50,32 @@ void fill_inputs(Params& params, const Args& a) {
 template <typename T>
 T* device_ptr(CUdeviceptr p) {
   return reinterpret_cast<T*>(static_cast<std::uintptr_t>(p));
+}
+
+// The backward's gradient pointers (inputs come from fill_inputs).
+inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArgs& a) {
+  params.grad_out = static_cast<const csa_u16*>(a.grad_out);
+  params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
+  params.grad_score = static_cast<csa_u16*>(a.grad_score);
+  params.grad_ape = a.grad_ape;
+}
+
+// The fixed-order sum of `groups` grad_ape partials of `elements` floats each into
+// a.grad_ape (overwritten, or added into with CSA_ACCUMULATE_GRAD_APE).
+inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const float* workspace,
+                              const BackwardArgs& a, std::int64_t elements, int groups, int lanes,
+                              CUstream stream) {
+  csa_kernel::ApeReduceParams reduce{};
+  reduce.workspace = workspace;
+  reduce.grad_ape = a.grad_ape;
+  reduce.elements = static_cast<csa_i32>(elements);
+  reduce.groups = groups;
+  reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;
+  launch::LaunchShape shape;
+  shape.grid_x = blocks_for(elements, 32);
+  shape.block_x = 32;
+  shape.block_y = static_cast<unsigned>(lanes);
+  launch::launch(d, kernel, shape, reduce, stream, "grad_ape reduction launch");
 }
 
 }  // namespace csa::compressor::detail

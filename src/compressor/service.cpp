@@ -17,7 +17,9 @@ namespace csa::compressor {
 
 using detail::blocks_for;
 using detail::device_ptr;
+using detail::fill_gradients;
 using detail::fill_inputs;
+using detail::launch_ape_reduce;
 using detail::StreamScratch;
 
 namespace {
@@ -386,10 +388,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
 
   csa_kernel::BackwardParams params{};
   fill_inputs(params, a);
-  params.grad_out = static_cast<const csa_u16*>(a.grad_out);
-  params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
-  params.grad_score = static_cast<csa_u16*>(a.grad_score);
-  params.grad_ape = a.grad_ape;
+  fill_gradients(params, a);
   params.accumulate = accumulate ? 1 : 0;
 
   if (p.family == Family::kReference) {
@@ -436,17 +435,8 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
   launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
-  csa_kernel::ApeReduceParams reduce{};
-  reduce.workspace = params.workspace;
-  reduce.grad_ape = a.grad_ape;
-  reduce.elements = static_cast<csa_i32>(ape_elems);
-  reduce.groups = grid.grid_y;
-  reduce.accumulate = accumulate ? 1 : 0;
-  launch::LaunchShape rshape;
-  rshape.grid_x = blocks_for(ape_elems, 32);
-  rshape.block_x = 32;
-  rshape.block_y = static_cast<unsigned>(s.reduce_lanes);
-  launch::launch(d, p.kernel(kSwApeReduce), rshape, reduce, stream, "grad_ape reduction launch");
+  launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
+                    s.reduce_lanes, stream);
 }
 
 OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,

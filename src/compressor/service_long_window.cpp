@@ -10,9 +10,10 @@
 
 namespace csa::compressor {
 
-using detail::blocks_for;
 using detail::device_ptr;
+using detail::fill_gradients;
 using detail::fill_inputs;
+using detail::launch_ape_reduce;
 using detail::StreamScratch;
 
 ModuleSpec Service::long_window_spec(const Config& config, const std::string& arch,
@@ -116,10 +117,7 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
                                                         p.device.sm_count, b.resident_ctas);
   csa_kernel::BackwardParams params{};
   fill_inputs(params, a);
-  params.grad_out = static_cast<const csa_u16*>(a.grad_out);
-  params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
-  params.grad_score = static_cast<csa_u16*>(a.grad_score);
-  params.grad_ape = a.grad_ape;
+  fill_gradients(params, a);
   params.rows_per_cta = grid.rows_per_cta;
   const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
                                       static_cast<std::size_t>(ape_elems) * sizeof(float);
@@ -132,18 +130,8 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
   set_block(shape, b);
   launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
-  csa_kernel::ApeReduceParams reduce{};
-  reduce.workspace = params.workspace;
-  reduce.grad_ape = a.grad_ape;
-  reduce.elements = static_cast<csa_i32>(ape_elems);
-  reduce.groups = grid.row_groups;
-  reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;
-  launch::LaunchShape rshape;
-  rshape.grid_x = blocks_for(ape_elems, 32);
-  rshape.block_x = 32;
-  rshape.block_y = static_cast<unsigned>(kApeReduceLanes);
-  launch::launch(d, p.kernel(p.long_ape_reduce_slot), rshape, reduce, stream,
-                 "grad_ape reduction launch");
+  launch_ape_reduce(d, p.kernel(p.long_ape_reduce_slot), params.workspace, a, ape_elems,
+                    grid.row_groups, kApeReduceLanes, stream);
 }
 
 }  // namespace csa::compressor
