@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include "csa/device.hpp"
 #include "test_util.hpp"
 
@@ -147,6 +149,53 @@ class Gpu : public ::testing::Test {
   void SetUp() override {
     if (!g_skip.empty()) GTEST_SKIP() << g_skip;
     device::make_current(*g_runtime, 0);
+  }
+};
+
+// The CPU fp32 reference and the fp64 oracle of one problem, computed in the background while
+// the GPU runs.
+struct CpuReferences {
+  struct Grads {
+    std::vector<std::uint16_t> kv, score;
+    std::vector<float> ape;
+  };
+  struct Oracle {
+    std::vector<double> kv, score, ape;
+  };
+  std::future<std::vector<std::uint16_t>> forward;
+  std::future<std::vector<double>> forward64;
+  std::future<Grads> backward;
+  std::future<Oracle> backward64;
+
+  // `p` must outlive the futures.
+  static CpuReferences start(const Problem& p) {
+    CpuReferences r;
+    const auto tokens = static_cast<std::size_t>(p.token_elems());
+    r.forward = std::async(std::launch::async, [&p] {
+      std::vector<std::uint16_t> out(static_cast<std::size_t>(p.comp_elems()));
+      reference::forward_fp32(p.host(), out.data());
+      return out;
+    });
+    r.forward64 = std::async(std::launch::async, [&p] {
+      std::vector<double> out(static_cast<std::size_t>(p.comp_elems()));
+      reference::forward_fp64(p.host(), out.data());
+      return out;
+    });
+    r.backward = std::async(std::launch::async, [&p, tokens] {
+      Grads g{std::vector<std::uint16_t>(tokens), std::vector<std::uint16_t>(tokens),
+              std::vector<float>(p.ape.size())};
+      reference::backward_fp32(p.host(), p.grad_out.data(), g.kv.data(), g.score.data(),
+                               g.ape.data());
+      return g;
+    });
+    r.backward64 = std::async(std::launch::async, [&p, tokens] {
+      Oracle o{std::vector<double>(tokens), std::vector<double>(tokens),
+               std::vector<double>(p.ape.size())};
+      reference::backward_fp64(p.host(), p.grad_out.data(), o.kv.data(), o.score.data(),
+                               o.ape.data());
+      return o;
+    });
+    return r;
   }
 };
 

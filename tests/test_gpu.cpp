@@ -58,39 +58,7 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
     DeviceProblem dev(p);
 
     // CPU references in the background while the GPU runs.
-    auto cpu_fwd = std::async(std::launch::async, [&] {
-      std::vector<std::uint16_t> out(static_cast<std::size_t>(p.comp_elems()));
-      reference::forward_fp32(p.host(), out.data());
-      return out;
-    });
-    auto cpu_fwd64 = std::async(std::launch::async, [&] {
-      std::vector<double> out(static_cast<std::size_t>(p.comp_elems()));
-      reference::forward_fp64(p.host(), out.data());
-      return out;
-    });
-    struct CpuGrads {
-      std::vector<std::uint16_t> kv, score;
-      std::vector<float> ape;
-    };
-    auto cpu_bwd = std::async(std::launch::async, [&] {
-      CpuGrads g{std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
-                 std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
-                 std::vector<float>(p.ape.size())};
-      reference::backward_fp32(p.host(), p.grad_out.data(), g.kv.data(), g.score.data(),
-                               g.ape.data());
-      return g;
-    });
-    struct Oracle {
-      std::vector<double> kv, score, ape;
-    };
-    auto cpu_bwd64 = std::async(std::launch::async, [&] {
-      Oracle o{std::vector<double>(static_cast<std::size_t>(p.token_elems())),
-               std::vector<double>(static_cast<std::size_t>(p.token_elems())),
-               std::vector<double>(p.ape.size())};
-      reference::backward_fp64(p.host(), p.grad_out.data(), o.kv.data(), o.score.data(),
-                               o.ape.data());
-      return o;
-    });
+    CpuReferences cpu = CpuReferences::start(p);
 
     // Forward: every element written, bitwise equal to the GPU reference, stable over 3 runs.
     const auto out = dev.forward(Family::kAuto);
@@ -175,10 +143,10 @@ TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
     };
 
     // CPU fp32 reference (tolerance contract) and fp64 oracle (parity).
-    const auto out_cpu = cpu_fwd.get();
-    const auto out64 = cpu_fwd64.get();
-    const auto grads_cpu = cpu_bwd.get();
-    const auto oracle = cpu_bwd64.get();
+    const auto out_cpu = cpu.forward.get();
+    const auto out64 = cpu.forward64.get();
+    const auto grads_cpu = cpu.backward.get();
+    const auto oracle = cpu.backward64.get();
     auto bf = [](std::uint16_t v) { return bf16_value(v); };
     auto f32 = [](float v) { return static_cast<double>(v); };
     for (const std::string& failure :

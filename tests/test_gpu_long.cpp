@@ -6,6 +6,7 @@
 
 #include <cfloat>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "gpu_fixture.hpp"
@@ -108,45 +109,8 @@ TEST_P(LongWindow, MatchesReferencesOnEveryPack) {
     const bool fwd_bitwise = bitwise_contract(config, Direction::kForward, p.total_comp);
     const bool bwd_bitwise = bitwise_contract(config, Direction::kBackward, p.total_comp);
 
-    std::future<std::vector<std::uint16_t>> cpu_fwd;
-    std::future<std::vector<double>> cpu_fwd64;
-    struct CpuGrads {
-      std::vector<std::uint16_t> kv, score;
-      std::vector<float> ape;
-    };
-    struct Oracle {
-      std::vector<double> kv, score, ape;
-    };
-    std::future<CpuGrads> cpu_bwd;
-    std::future<Oracle> cpu_bwd64;
-    if (cpu_checks) {
-      cpu_fwd = std::async(std::launch::async, [&] {
-        std::vector<std::uint16_t> out(static_cast<std::size_t>(p.comp_elems()));
-        reference::forward_fp32(p.host(), out.data());
-        return out;
-      });
-      cpu_fwd64 = std::async(std::launch::async, [&] {
-        std::vector<double> out(static_cast<std::size_t>(p.comp_elems()));
-        reference::forward_fp64(p.host(), out.data());
-        return out;
-      });
-      cpu_bwd = std::async(std::launch::async, [&] {
-        CpuGrads g{std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
-                   std::vector<std::uint16_t>(static_cast<std::size_t>(p.token_elems())),
-                   std::vector<float>(p.ape.size())};
-        reference::backward_fp32(p.host(), p.grad_out.data(), g.kv.data(), g.score.data(),
-                                 g.ape.data());
-        return g;
-      });
-      cpu_bwd64 = std::async(std::launch::async, [&] {
-        Oracle o{std::vector<double>(static_cast<std::size_t>(p.token_elems())),
-                 std::vector<double>(static_cast<std::size_t>(p.token_elems())),
-                 std::vector<double>(p.ape.size())};
-        reference::backward_fp64(p.host(), p.grad_out.data(), o.kv.data(), o.score.data(),
-                                 o.ape.data());
-        return o;
-      });
-    }
+    std::optional<CpuReferences> cpu;
+    if (cpu_checks) cpu = CpuReferences::start(p);
 
     const auto out = dev.forward(Family::kAuto);
     for (std::size_t i = 0; i < out.size(); ++i)
@@ -205,10 +169,10 @@ TEST_P(LongWindow, MatchesReferencesOnEveryPack) {
       return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin(),
                                                                          v.begin() + distinct);
     };
-    const auto out_cpu = cpu_fwd.get();
-    const auto out64 = cpu_fwd64.get();
-    const auto grads_cpu = cpu_bwd.get();
-    const auto oracle = cpu_bwd64.get();
+    const auto out_cpu = cpu->forward.get();
+    const auto out64 = cpu->forward64.get();
+    const auto grads_cpu = cpu->backward.get();
+    const auto oracle = cpu->backward64.get();
     auto bf = [](std::uint16_t v) { return bf16_value(v); };
     auto f32 = [](float v) { return static_cast<double>(v); };
     for (const std::string& failure :
