@@ -7,12 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "cache/disk_cache.hpp"
-#include "cache/kernel_store.hpp"
-#include "common/logger.hpp"
-#include "compressor/kernel_sources.hpp"
-#include "compressor/service.hpp"
-#include "driver/loader.hpp"
+#include "api/runtime_impl.hpp"
 
 namespace csa::test {
 namespace {
@@ -163,22 +158,18 @@ driver::Api fake_api() {
   return api;
 }
 
-// The parts a Runtime owns, around the fake driver; the kernels are really compiled (NVRTC
-// needs no GPU) and kept in memory.
-struct FakeRuntime {
+// A Runtime's parts around the fake driver; the kernels are really compiled (NVRTC needs no
+// GPU) and kept in memory.
+struct FakeRuntime : Runtime::Impl {
   explicit FakeRuntime(bool jit = true)
-      : logger(make_logger("off")),
-        compiler(compressor::kernel_headers()),
-        disk(std::string(), *logger),
-        store(disk, compiler, jit, *logger),
-        loader(std::make_unique<driver::Driver>(fake_api())),
-        service(RuntimeOptions{}, *logger, store, loader) {}
-  std::shared_ptr<Logger> logger;
-  nvrtc::Compiler compiler;
-  cache::DiskCache disk;
-  cache::KernelStore store;
-  driver::Loader loader;
-  compressor::Service service;
+      : Runtime::Impl(options(jit), std::make_unique<driver::Driver>(fake_api())) {}
+  static RuntimeOptions options(bool jit) {
+    RuntimeOptions o;
+    o.disk_cache = false;
+    o.jit_enabled = jit;
+    o.log_level = "off";
+    return o;
+  }
 };
 
 // Aligned, never dereferenced (the fake launch does not run kernels).

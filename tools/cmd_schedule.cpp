@@ -46,29 +46,36 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
 
   auto* show =
       cmd->add_subcommand("show", "print the schedule table serving an arch (all: every table)");
-  static std::string show_arch;
-  show->add_option("--arch", show_arch, "arch such as sm_90 (default: every table)");
-  show->callback([&runtime] {
+  auto show_arch = std::make_shared<std::string>();
+  show->add_option("--arch", *show_arch, "arch such as sm_90 (default: every table)");
+  show->callback([&runtime, show_arch] {
     const auto archs =
-        show_arch.empty() ? runtime->schedule_table_archs() : std::vector<std::string>{show_arch};
+        show_arch->empty() ? runtime->schedule_table_archs() : std::vector<std::string>{*show_arch};
     for (const auto& arch : archs) {
       fmt::print("# table serving {}\n{}", arch, runtime->schedule_table_json(arch));
     }
   });
 
   auto* select = cmd->add_subcommand("select", "the family, bucket and schedule a call gets");
-  static Config config;
-  static std::int64_t rows = 0;
-  static std::string arch;
-  static std::string direction = "both";
-  select->add_option("--ratio", config.ratio)->required();
-  select->add_option("--coff", config.coff)->required();
-  select->add_option("--head-dim", config.head_dim)->required();
-  select->add_option("--rows", rows, "output rows of the call (total_comp)")->required();
-  select->add_option("--arch", arch, "arch such as sm_90 (default: device 0, else sm_90)");
-  select->add_option("--direction", direction, "forward, backward or both")
+  struct SelectOptions {
+    Config config;
+    std::int64_t rows = 0;
+    std::string arch;
+    std::string direction = "both";
+  };
+  auto so = std::make_shared<SelectOptions>();
+  select->add_option("--ratio", so->config.ratio)->required();
+  select->add_option("--coff", so->config.coff)->required();
+  select->add_option("--head-dim", so->config.head_dim)->required();
+  select->add_option("--rows", so->rows, "output rows of the call (total_comp)")->required();
+  select->add_option("--arch", so->arch, "arch such as sm_90 (default: device 0, else sm_90)");
+  select->add_option("--direction", so->direction, "forward, backward or both")
       ->check(CLI::IsMember({"forward", "backward", "both"}));
-  select->callback([&runtime] {
+  select->callback([&runtime, so] {
+    const Config& config = so->config;
+    const std::int64_t rows = so->rows;
+    const std::string& arch = so->arch;
+    const std::string& direction = so->direction;
     const std::string a = arch.empty() ? default_arch(*runtime) : arch;
     for (Direction d : {Direction::kForward, Direction::kBackward}) {
       const char* name = d == Direction::kForward ? "forward" : "backward";
@@ -87,11 +94,11 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
   });
 
   auto* validate = cmd->add_subcommand("validate", "check a schedule table file");
-  static std::string file;
-  validate->add_option("file", file, "JSON schedule table")->required();
-  validate->callback([] {
-    validate_schedule_table(read_file(file), file);
-    fmt::print("{}: valid\n", file);
+  auto file = std::make_shared<std::string>();
+  validate->add_option("file", *file, "JSON schedule table")->required();
+  validate->callback([file] {
+    validate_schedule_table(read_file(*file), *file);
+    fmt::print("{}: valid\n", *file);
   });
 }
 

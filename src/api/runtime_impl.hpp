@@ -15,7 +15,8 @@
 namespace csa {
 
 struct Runtime::Impl {
-  explicit Impl(RuntimeOptions opts)
+  // `injected`: a driver to use instead of loading libcuda (tests use a fake table).
+  explicit Impl(RuntimeOptions opts, std::unique_ptr<driver::Driver> injected = nullptr)
       : options(std::move(opts)),
         logger(make_logger(options.log_level)),
         compiler(compressor::kernel_headers()),
@@ -24,6 +25,7 @@ struct Runtime::Impl {
                                 : std::string(),
              *logger),
         store(disk, compiler, options.jit_enabled, *logger),
+        loader(std::move(injected)),
         service(options, *logger, store, loader) {}
 
   RuntimeOptions options;

@@ -84,7 +84,7 @@ void Service::set_schedule_table(schedule::ScheduleTable table) {
 }
 
 std::shared_ptr<const schedule::ScheduleSet> Service::schedules() const {
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mutex_));
+  std::lock_guard<std::mutex> lock(mutex_);
   return schedules_;
 }
 
@@ -219,7 +219,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
     prepared->key = spec.key.hash;
     auto cubin = store_.get(spec.key, spec.request, compiled);
     prepared->module = modules().get(spec.key, cubin);
-    prepare_long_window(*prepared, *set);
+    prepare_long_window(*prepared, *set, forward, backward, slots);
     logger_.debug("prepared {} on device {} ({}): long-window, {} forward and {} backward kernels",
                   config_label(config), device, prepared->device.arch, forward.size(),
                   backward.size());

@@ -102,7 +102,12 @@ class Service {
                               std::vector<schedule::LongWindowSchedule>* forward,
                               std::vector<schedule::LongWindowSchedule>* backward,
                               LongWindowSlots* slots) const;
-  void prepare_long_window(Prepared& p, const schedule::ScheduleSet& set);
+  // The bucket records of `p`, whose module holds the kernels `forward` and `backward` (as
+  // long_window_spec listed them) at `slots`.
+  void prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
+                           const std::vector<schedule::LongWindowSchedule>& forward,
+                           const std::vector<schedule::LongWindowSchedule>& backward,
+                           const LongWindowSlots& slots);
   void forward_long(const Prepared& p, const ForwardArgs& a, CUstream stream);
   void backward_long(const Prepared& p, const BackwardArgs& a, CUstream stream);
 
@@ -131,7 +136,7 @@ class Service {
   std::once_flag modules_once_;
   std::unique_ptr<cache::ModuleCache> modules_;
 
-  std::mutex mutex_;  // guards records_ and devices_ (never held while compiling)
+  mutable std::mutex mutex_;  // guards records_ and devices_ (never held while compiling)
   std::map<RecordKey, std::shared_ptr<const Prepared>> records_;
   std::vector<std::shared_ptr<const Prepared>> retired_;  // callers may still hold references
   std::map<int, DeviceTraits> devices_;

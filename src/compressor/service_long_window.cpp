@@ -26,10 +26,10 @@ ModuleSpec Service::long_window_spec(const Config& config, const std::string& ar
   return make_long_window_spec(config, *forward, *backward, arch, compile_options_, slots);
 }
 
-void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set) {
-  std::vector<schedule::LongWindowSchedule> forward, backward;
-  LongWindowSlots slots;
-  long_window_spec(p.config, p.device.arch, set, &forward, &backward, &slots);
+void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
+                                  const std::vector<schedule::LongWindowSchedule>& forward,
+                                  const std::vector<schedule::LongWindowSchedule>& backward,
+                                  const LongWindowSlots& slots) {
   driver::Driver& d = loader_.get();
   CUdevice dev = 0;
   d.check(d.api().cuDeviceGet(&dev, p.device.ordinal), "cuDeviceGet");

@@ -5,7 +5,7 @@
 namespace csa::driver {
 
 Loader::Loader(std::unique_ptr<Driver> injected) : driver_(std::move(injected)) {
-  std::call_once(once_, [] {});
+  if (driver_) std::call_once(once_, [] {});  // nothing left to load
 }
 
 void Loader::load_once() {

@@ -13,7 +13,7 @@ namespace csa::driver {
 class Loader {
  public:
   Loader() = default;
-  // For tests: use this (fake) driver instead of loading libcuda.
+  // For tests: use this (fake) driver instead of loading libcuda; nullptr loads lazily as usual.
   explicit Loader(std::unique_ptr<Driver> injected);
 
   // Throws Error(kDriverUnavailable) with the reason when there is no usable driver.
