@@ -78,5 +78,20 @@ TEST(TunePlan, MergedTablePutsTunedEntriesFirstAndStaysValid) {
   EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
 }
 
+TEST(TunePlan, SmallForwardOutputsKeepTheBitwiseBucket) {
+  EXPECT_EQ(tools::bitwise_row_limit({128, 512, 1}), 31);   // 31 * 512 < 16384 <= 32 * 512
+  EXPECT_EQ(tools::bitwise_row_limit({128, 128, 2}), 127);  // 127 * 128 < 16384
+  const nlohmann::json fast = {{"form", "lanes"}, {"serial", false}, {"max_rows", 45}};
+  const nlohmann::json mid = {{"form", "lanes"}, {"serial", false}, {"max_rows", 128}};
+  const nlohmann::json last = {{"form", "lanes"}, {"serial", false}, {"max_rows", nullptr}};
+  const nlohmann::json serial = {{"form", "lanes"}, {"serial", true}};
+  const auto b = tools::with_bitwise_small_rows({fast, mid, last}, serial, 127);
+  ASSERT_EQ(b.size(), 3u);  // the 45-row bucket lies inside the bitwise range
+  EXPECT_EQ(b[0]["serial"], true);
+  EXPECT_EQ(b[0]["max_rows"], 127);
+  EXPECT_EQ(b[1]["max_rows"], 128);
+  EXPECT_TRUE(b[2]["max_rows"].is_null());
+}
+
 }  // namespace
 }  // namespace csa::test

@@ -43,6 +43,10 @@ fi
 "$build/csa" bench --json "$out/bench.json" >"$out/bench.txt" 2>&1
 summary+=("bench: rc=$?")
 
+# Host cost per call (plan, runtime, raw driver launches of the same kernels) and graph replay.
+"$build/csa_launch_bench" "$out/launch.json" >"$out/launch.txt" 2>&1
+summary+=("launch bench: rc=$?")
+
 # Long-window shapes (ratio 128 production and experiment shapes).
 long_shapes=()
 for c in 128,1,128 128,2,128 128,1,512 128,2,512; do
@@ -68,7 +72,7 @@ for v in "${variants[@]}"; do
   CSA_SHORT_WINDOW_SCHEDULE="$v" "$build/csa" bench --no-jit --reps 9 >>"$out/bench_variant_$i.txt" 2>&1
 done
 
-cat "$out/bench.txt"
+cat "$out/bench.txt" "$out/launch.txt"
 grep -E '^[0-9]' "$out/bench_long.txt" | grep -v bwd-det
 for f in "$out"/bench_variant_*.txt; do [ -f "$f" ] && { head -1 "$f"; grep -E '^[0-9]' "$f" | awk '{print $1, $2, $5, $6}'; }; done
 printf '%s\n' "${summary[@]}"

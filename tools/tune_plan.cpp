@@ -100,6 +100,24 @@ nlohmann::json make_buckets(const std::vector<Candidate>& candidates,
   return buckets;
 }
 
+std::int64_t bitwise_row_limit(const Config& config) {
+  return (kBitwiseOutputElements - 1) / config.head_dim;
+}
+
+nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets,
+                                       const nlohmann::json& bitwise_bucket,
+                                       std::int64_t max_rows) {
+  nlohmann::json out = nlohmann::json::array();
+  nlohmann::json first = bitwise_bucket;
+  first["max_rows"] = max_rows;
+  out.push_back(first);
+  for (const auto& b : buckets) {
+    if (!b["max_rows"].is_null() && b["max_rows"].get<std::int64_t>() <= max_rows) continue;
+    out.push_back(b);
+  }
+  return out;
+}
+
 nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets) {
   return {{"family", "long_window"},
           {"direction", direction == Direction::kForward ? "forward" : "backward"},

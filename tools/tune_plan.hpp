@@ -39,6 +39,19 @@ nlohmann::json make_buckets(const std::vector<Candidate>& candidates,
                             const std::vector<Measurement>& measurements,
                             const std::vector<int>& chosen);
 
+// Forward outputs of fewer than kBitwiseOutputElements elements keep the bitwise order: there
+// the tolerance rule allows fewer than 16 differing values, and a reordered kernel flips about
+// 0.02 % of them at random (measured by `csa tune`), so some inputs would break the contract.
+inline constexpr std::int64_t kBitwiseOutputElements = 16384;
+
+// The largest row count whose forward output stays under kBitwiseOutputElements.
+std::int64_t bitwise_row_limit(const Config& config);
+
+// `buckets` with a first bucket of `bitwise_bucket` (a candidate's bucket) up to `max_rows`;
+// the buckets it covers entirely are dropped.
+nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets,
+                                       const nlohmann::json& bitwise_bucket, std::int64_t max_rows);
+
 // A table entry for exactly this configuration.
 nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets);
 

@@ -1,0 +1,353 @@
+// csa_launch_bench: the host's cost of a warm call and the device's cost of replaying a graph of
+// calls, on one GPU. Separate from `csa bench` because its baseline needs what the public API
+// does not expose: the driver table and the very kernels and argument blocks a call launches.
+//
+// Per configuration (short-window 4,2,128 at 1x8192; long-window 128,1,512 at 1x4096):
+//   raw      cuLaunchKernelEx of the kernels and argument blocks a plan call launches, read back
+//            from a captured graph (the backward's grad_ape workspace re-pointed at a buffer
+//            of the same size): the floor of any launch path;
+//   plan     csa::Plan::forward / backward;
+//   runtime  csa::Runtime::forward / backward (record looked up by configuration).
+// queued: wall clock of 50 calls back to back on one stream, per call, median of 31 rounds.
+// idle:   one call issued to an idle stream, median of 201.
+// Graph: the forward and backward kernel times (a graph of 20 back-to-back calls, per call)
+// against a graph holding one forward + backward, replayed 20 times back to back, per replay.
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstddef>
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "api/runtime_impl.hpp"
+#include "bench_data.hpp"
+#include "csa/device.hpp"
+#include "csa_params.h"
+#include "nvrtc/compiler.hpp"
+#include "timing.hpp"
+
+namespace {
+
+using csa::tools::median;
+
+// Graph inspection entry points: the library itself has no use for them.
+struct GraphInspection {
+  PFN_cuGraphGetNodes_v10000 get_nodes = nullptr;
+  PFN_cuGraphNodeGetType_v10000 node_type = nullptr;
+  PFN_cuGraphKernelNodeGetParams_v12000 kernel_params = nullptr;
+  PFN_cuFuncGetParamInfo_v12040 param_info = nullptr;
+
+  GraphInspection() {
+    void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) throw std::runtime_error("libcuda.so.1 is not loaded");
+    auto get_proc =
+        reinterpret_cast<PFN_cuGetProcAddress_v12000>(::dlsym(lib, "cuGetProcAddress_v2"));
+    if (get_proc == nullptr) throw std::runtime_error("cuGetProcAddress_v2 not found");
+    auto resolve = [&](const char* name, int version, void** fn) {
+      CUdriverProcAddressQueryResult found{};
+      if (get_proc(name, fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS ||
+          *fn == nullptr)
+        throw std::runtime_error(fmt::format("driver entry point {} not found", name));
+    };
+    resolve("cuGraphGetNodes", 10000, reinterpret_cast<void**>(&get_nodes));
+    resolve("cuGraphNodeGetType", 10000, reinterpret_cast<void**>(&node_type));
+    resolve("cuGraphKernelNodeGetParams", 12000, reinterpret_cast<void**>(&kernel_params));
+    resolve("cuFuncGetParamInfo", 12040, reinterpret_cast<void**>(&param_info));
+  }
+};
+
+// One kernel launch replayed without the library: function, shape and a copy of its argument
+// block.
+struct RawLaunch {
+  CUfunction function = nullptr;
+  CUlaunchConfig config{};
+  std::vector<unsigned char> params;
+  void* args[1] = {nullptr};
+};
+
+class RawCalls {
+ public:
+  // Captures `call` on `stream` and keeps its kernel launches, in order.
+  RawCalls(csa::Runtime& rt, CUstream stream, const std::function<void()>& call) : rt_(rt) {
+    const auto& d = rt.impl().loader.get();
+    const auto& api = d.api();
+    GraphInspection gi;
+    d.check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
+    call();
+    CUgraph graph = nullptr;
+    d.check(api.cuStreamEndCapture(stream, &graph), "end capture");
+    std::size_t count = 0;
+    d.check(gi.get_nodes(graph, nullptr, &count), "cuGraphGetNodes");
+    std::vector<CUgraphNode> nodes(count);
+    d.check(gi.get_nodes(graph, nodes.data(), &count), "cuGraphGetNodes");
+    for (CUgraphNode node : nodes) {
+      CUgraphNodeType type{};
+      d.check(gi.node_type(node, &type), "cuGraphNodeGetType");
+      if (type != CU_GRAPH_NODE_TYPE_KERNEL) continue;
+      CUDA_KERNEL_NODE_PARAMS_v2 p{};
+      d.check(gi.kernel_params(node, &p), "cuGraphKernelNodeGetParams");
+      RawLaunch l;
+      l.function = p.func != nullptr ? p.func : reinterpret_cast<CUfunction>(p.kern);
+      std::size_t offset = 0, size = 0;
+      d.check(gi.param_info(l.function, 0, &offset, &size), "cuFuncGetParamInfo");
+      const auto* bytes = static_cast<const unsigned char*>(p.kernelParams[0]);
+      l.params.assign(bytes, bytes + size);
+      l.config.gridDimX = p.gridDimX;
+      l.config.gridDimY = p.gridDimY;
+      l.config.gridDimZ = p.gridDimZ;
+      l.config.blockDimX = p.blockDimX;
+      l.config.blockDimY = p.blockDimY;
+      l.config.blockDimZ = p.blockDimZ;
+      l.config.sharedMemBytes = p.sharedMemBytes;
+      l.config.hStream = stream;
+      launches_.push_back(std::move(l));
+    }
+    d.check(api.cuGraphDestroy(graph), "graph destroy");
+    // The backward kernel comes before its grad_ape reduction.
+    std::stable_sort(
+        launches_.begin(), launches_.end(),
+        [](const RawLaunch& a, const RawLaunch& b) { return a.params.size() > b.params.size(); });
+    repoint_workspace();
+    for (auto& l : launches_) l.args[0] = l.params.data();
+  }
+
+  void launch() {
+    const auto& d = rt_.impl().loader.get();
+    for (auto& l : launches_)
+      d.check(d.api().cuLaunchKernelEx(&l.config, l.function, l.args, nullptr), "raw launch");
+  }
+  std::size_t size() const { return launches_.size(); }
+
+ private:
+  // Under capture the workspace is graph-owned memory, invalid outside the graph: give the raw
+  // launches a buffer of the size the reduction reads.
+  void repoint_workspace() {
+    csa_kernel::ApeReduceParams* reduce = nullptr;
+    csa_kernel::BackwardParams* backward = nullptr;
+    for (auto& l : launches_) {
+      if (l.params.size() == sizeof(csa_kernel::ApeReduceParams))
+        reduce = reinterpret_cast<csa_kernel::ApeReduceParams*>(l.params.data());
+      if (l.params.size() == sizeof(csa_kernel::BackwardParams))
+        backward = reinterpret_cast<csa_kernel::BackwardParams*>(l.params.data());
+    }
+    if (reduce == nullptr || backward == nullptr) return;
+    workspace_.emplace_back(rt_, static_cast<std::size_t>(reduce->elements) *
+                                     static_cast<std::size_t>(reduce->groups) * sizeof(float));
+    reduce->workspace = workspace_.back().as<float>();
+    backward->workspace = workspace_.back().as<float>();
+  }
+
+  csa::Runtime& rt_;
+  std::vector<RawLaunch> launches_;
+  std::vector<csa::device::Buffer> workspace_;
+};
+
+// Wall-clock microseconds per call of `calls` calls queued back to back (median of `rounds`).
+double queued_us(csa::Runtime& rt, csa::Stream stream, int rounds, int calls,
+                 const std::function<void()>& fn) {
+  std::vector<double> samples;
+  for (int r = 0; r < rounds; ++r) {
+    csa::device::synchronize(rt, stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);
+  }
+  csa::device::synchronize(rt, stream);
+  return median(samples);
+}
+
+struct Problem {
+  csa::tools::HostInputs in;
+  csa::device::Buffer cu, cuc, ape, kv, score, out, grad_out, grad_kv, grad_score, grad_ape;
+  Problem(csa::Runtime& rt, const csa::Config& c, const char* pack)
+      : in(csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77)),
+        cu(rt, in.cu.size() * 4),
+        cuc(rt, in.cuc.size() * 4),
+        ape(rt, in.ape.size() * 4),
+        kv(rt, in.kv.size() * 2),
+        score(rt, in.score.size() * 2),
+        out(rt, in.grad_out.size() * 2),
+        grad_out(rt, in.grad_out.size() * 2),
+        grad_kv(rt, in.kv.size() * 2),
+        grad_score(rt, in.kv.size() * 2),
+        grad_ape(rt, in.ape.size() * 4) {
+    cu.upload(in.cu.data(), cu.size());
+    cuc.upload(in.cuc.data(), cuc.size());
+    ape.upload(in.ape.data(), ape.size());
+    kv.upload(in.kv.data(), kv.size());
+    score.upload(in.score.data(), score.size());
+    grad_out.upload(in.grad_out.data(), grad_out.size());
+  }
+  csa::ForwardArgs forward(const csa::Config& c) const {
+    csa::ForwardArgs a;
+    a.kv = kv.get();
+    a.score = score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.out = out.get();
+    a.total_tokens = in.total_tokens;
+    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+    a.total_comp = in.total_comp;
+    a.config = c;
+    return a;
+  }
+  csa::BackwardArgs backward(const csa::Config& c) const {
+    csa::BackwardArgs a;
+    a.kv = kv.get();
+    a.score = score.get();
+    a.ape = ape.as<float>();
+    a.cu_seqlens = cu.as<std::int32_t>();
+    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.grad_out = grad_out.get();
+    a.grad_kv = grad_kv.get();
+    a.grad_score = grad_score.get();
+    a.grad_ape = grad_ape.as<float>();
+    a.total_tokens = in.total_tokens;
+    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+    a.total_comp = in.total_comp;
+    a.config = c;
+    return a;
+  }
+};
+
+nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
+                            const char* pack) {
+  const Problem prob(rt, c, pack);
+  const csa::Plan plan(rt, c, 0);
+  const csa::ForwardArgs f = prob.forward(c);
+  const csa::BackwardArgs b = prob.backward(c);
+  auto s = reinterpret_cast<CUstream>(stream);
+  RawCalls raw_forward(rt, s, [&] { plan.forward(f, stream); });
+  RawCalls raw_backward(rt, s, [&] { plan.backward(b, stream); });
+  const std::vector<std::pair<std::string, std::function<void()>>> paths = {
+      {"raw forward", [&] { raw_forward.launch(); }},
+      {"plan forward", [&] { plan.forward(f, stream); }},
+      {"runtime forward", [&] { rt.forward(f, stream); }},
+      {"raw backward", [&] { raw_backward.launch(); }},
+      {"plan backward", [&] { plan.backward(b, stream); }},
+      {"runtime backward", [&] { rt.backward(b, stream); }}};
+  const std::string label = fmt::format("{},{},{},{}", c.ratio, c.coff, c.head_dim, pack);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& [name, fn] : paths) {
+    for (int i = 0; i < 20; ++i) fn();  // warm
+    const double queued = queued_us(rt, stream, 31, 50, fn);
+    const double idle = csa::tools::time_host(rt, stream, 201, [&](int) { fn(); });
+    const std::size_t launches =
+        name.rfind("raw", 0) == 0
+            ? (name == "raw forward" ? raw_forward.size() : raw_backward.size())
+            : 0;
+    fmt::print("{:<20} {:<18} {:>10.2f} {:>10.2f} {:>9}\n", label, name, queued, idle,
+               launches > 0 ? std::to_string(launches) : "");
+    rows.push_back({{"shape", label}, {"path", name}, {"queued_us", queued}, {"idle_us", idle}});
+  }
+  return rows;
+}
+
+// The platform's floor: cuLaunchKernelEx of an empty kernel taking one int.
+nlohmann::json bench_empty_kernel(csa::Runtime& rt, csa::Stream stream) {
+  const auto& d = rt.impl().loader.get();
+  csa::nvrtc::CompileRequest req;
+  req.source = "extern \"C\" __global__ void empty_kernel(int) {}\n";
+  req.source_name = "empty.cu";
+  req.name_expressions = {"empty_kernel"};
+  req.arch = rt.impl().service.device_traits(0).arch;
+  const auto compiled = csa::nvrtc::Compiler({}).compile(req);
+  CUlibrary lib = nullptr;
+  CUkernel kernel = nullptr;
+  d.check(d.api().cuLibraryLoadData(&lib, compiled.cubin.data(), nullptr, nullptr, 0, nullptr,
+                                    nullptr, 0),
+          "load the empty kernel");
+  d.check(d.api().cuLibraryGetKernel(&kernel, lib, compiled.lowered_names[0].c_str()),
+          "get the empty kernel");
+  int arg = 0;
+  void* args[] = {&arg};
+  CUlaunchConfig config{};
+  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = 32;
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = reinterpret_cast<CUstream>(stream);
+  auto fn = [&] {
+    d.check(d.api().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr),
+            "empty launch");
+  };
+  for (int i = 0; i < 20; ++i) fn();
+  const double queued = queued_us(rt, stream, 31, 50, fn);
+  const double idle = csa::tools::time_host(rt, stream, 201, [&](int) { fn(); });
+  fmt::print("{:<20} {:<18} {:>10.2f} {:>10.2f} {:>9}\n", "-", "raw empty kernel", queued, idle, 1);
+  d.check(d.api().cuLibraryUnload(lib), "unload the empty kernel");
+  return {{"shape", "-"}, {"path", "raw empty kernel"}, {"queued_us", queued}, {"idle_us", idle}};
+}
+
+nlohmann::json bench_graph(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
+                           const char* pack) {
+  const Problem prob(rt, c, pack);
+  const csa::Plan plan(rt, c, 0);
+  const csa::ForwardArgs f = prob.forward(c);
+  const csa::BackwardArgs b = prob.backward(c);
+  const int reps = 31, calls = 20;
+  const double fwd =
+      csa::tools::time_graph(rt, stream, reps, calls, [&](int) { plan.forward(f, stream); });
+  const double bwd =
+      csa::tools::time_graph(rt, stream, reps, calls, [&](int) { plan.backward(b, stream); });
+  csa::device::Graph step(rt, stream, [&] {
+    plan.forward(f, stream);
+    plan.backward(b, stream);
+  });
+  step.launch(stream);
+  csa::device::synchronize(rt, stream);
+  const double replay =
+      csa::tools::time_device(rt, stream, reps, calls, [&](int) { step.launch(stream); });
+  const double ratio = replay / (fwd + bwd);
+  fmt::print(
+      "graph {},{},{},{}: forward {:.2f} us + backward {:.2f} us = {:.2f} us; replay of "
+      "forward + backward {:.2f} us per step; ratio {:.3f} (target <= 1.2: {})\n",
+      c.ratio, c.coff, c.head_dim, pack, fwd, bwd, fwd + bwd, replay, ratio,
+      ratio <= 1.2 ? "yes" : "NO");
+  return {{"shape", fmt::format("{},{},{},{}", c.ratio, c.coff, c.head_dim, pack)},
+          {"forward_us", fwd},
+          {"backward_us", bwd},
+          {"replay_us", replay},
+          {"ratio", ratio}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  csa::Runtime rt;
+  if (!rt.driver_info().available || rt.driver_info().devices.empty()) {
+    std::printf("csa_launch_bench: no GPU (%s)\n", rt.driver_info().reason.c_str());
+    return 0;
+  }
+  csa::device::make_current(rt, 0);
+  const csa::DeviceInfo dev = csa::device::current_device(rt);
+  csa::device::StreamHandle stream(rt);
+  fmt::print("device: {} ({} SMs)\n", dev.name, dev.sm_count);
+  fmt::print(
+      "host us per call: queued = 50 calls back to back on one stream, per call (median of "
+      "31); idle = one call on an idle stream (median of 201); raw = cuLaunchKernelEx of "
+      "the same kernels and argument blocks\n");
+  fmt::print("{:<20} {:<18} {:>10} {:>10} {:>9}\n", "shape (r,c,d,pack)", "path", "queued", "idle",
+             "launches");
+  nlohmann::json report = {{"device", dev.name}};
+  report["host"] = nlohmann::json::array({bench_empty_kernel(rt, stream.get())});
+  for (const auto& [config, pack] :
+       {std::pair{csa::Config{4, 128, 2}, "1x8192"}, std::pair{csa::Config{128, 512, 1}, "1x4096"}})
+    for (auto& row : bench_config(rt, stream.get(), config, pack)) report["host"].push_back(row);
+  report["graph"] = bench_graph(rt, stream.get(), {4, 128, 2}, "1x8192");
+  if (argc > 1) {
+    std::ofstream(argv[1]) << report.dump(2) << "\n";
+    fmt::print("wrote {}\n", argv[1]);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "csa_launch_bench: %s\n", e.what());
+  return 1;
+}
