@@ -10,6 +10,7 @@ namespace csa_kernel {
 template <int LANES>
 __global__ void __launch_bounds__(32 * LANES)
     ape_reduce(const __grid_constant__ ApeReduceParams p) {
+  pdl_enter();
   __shared__ float part[LANES][32];
   const int e = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;

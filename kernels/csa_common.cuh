@@ -5,6 +5,19 @@
 
 namespace csa_kernel {
 
+// Programmatic dependent launch (sm_90 and newer): wait until the kernels before this one in
+// the stream have finished and their memory is visible, then let the next kernel's CTAs be
+// scheduled while this one runs (they wait in their own pdl_enter()). This hides the launch
+// latency between back-to-back kernels. Both instructions do nothing when the launch did not
+// ask for programmatic serialization.
+// NOTE: must come before the kernel's first global memory access, read or write.
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf16_to_f32(unsigned short h) {
   return __uint_as_float(static_cast<unsigned>(h) << 16);
 }

@@ -148,6 +148,7 @@ __device__ __forceinline__ float merged_sum(const float* m, const float* part, i
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL, bool FAST_EXP>
 __global__ void __launch_bounds__(TX* LANES, 1)
     lane_window_forward(const __grid_constant__ ForwardParams p) {
+  pdl_enter();
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   static_assert(LANES >= VEC, "lanes 0..VEC-1 finish the columns");
   static_assert(!(SERIAL && FAST_EXP), "the serial order is the bitwise contract: exact expf");
@@ -250,6 +251,7 @@ __global__ void __launch_bounds__(TX* LANES, 1)
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool FAST_EXP>
 __global__ void __launch_bounds__(TX* LANES, TX* LANES <= 256 ? 2 : 1)
     lane_window_backward(const __grid_constant__ BackwardParams p) {
+  pdl_enter();
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using G = typename LW::Geometry;
   constexpr int NCV = HEAD_DIM / VEC;

@@ -105,6 +105,7 @@ template <int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS, boo
           bool FAST_EXP>
 __global__ void __launch_bounds__(THREADS)
     long_window_forward(const __grid_constant__ ForwardParams p) {
+  pdl_enter();
   using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS>;
   extern __shared__ __align__(16) float smem[];
   L sm(smem);
@@ -145,6 +146,7 @@ template <int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS, boo
           bool FAST_EXP>
 __global__ void __launch_bounds__(THREADS)
     long_window_backward(const __grid_constant__ BackwardParams p) {
+  pdl_enter();
   using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS>;
   extern __shared__ __align__(16) float smem[];
   L sm(smem);

@@ -44,6 +44,7 @@ __device__ __forceinline__ void load_window(const csa_u16* score, const csa_u16*
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS>
 __global__ void __launch_bounds__(THREADS)
     short_window_forward(const __grid_constant__ ForwardParams p) {
+  pdl_enter();
   static_assert(COFF == 1 || COFF == 2, "coff");
   static_assert(HEAD_DIM % VEC == 0, "VEC must divide head_dim");
   constexpr int W = COFF * HEAD_DIM;
@@ -111,6 +112,7 @@ __device__ __forceinline__ void accumulate_dot(const float (&g)[VEC], const floa
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
 __global__ void __launch_bounds__(TX* TY)
     short_window_backward(const __grid_constant__ BackwardParams p) {
+  pdl_enter();
   constexpr int W = COFF * HEAD_DIM;
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;

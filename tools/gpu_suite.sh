@@ -57,7 +57,7 @@ summary+=("bench long-window: rc=$?")
 
 # CSA_SUITE_PROFILE=SHAPE: hardware counters of the kernels of one benchmark shape.
 if [ -n "${CSA_SUITE_PROFILE:-}" ] && command -v ncu >/dev/null; then
-  ncu --clock-control none -k regex:short_window -c 6 --section SpeedOfLight --section WarpStateStats \
+  ncu --clock-control none -k regex:"short_window|ape_reduce" -c 9 --section SpeedOfLight --section WarpStateStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     "$build/csa" bench --no-jit --reps 1 --shape "$CSA_SUITE_PROFILE" >"$out/ncu.txt" 2>&1
   summary+=("ncu: rc=$?")

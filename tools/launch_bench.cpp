@@ -10,19 +10,21 @@
 //   runtime  csa::Runtime::forward / backward (record looked up by configuration).
 // queued: wall clock of 50 calls back to back on one stream, per call, median of 31 rounds.
 // idle:   one call issued to an idle stream, median of 201.
+// The paths (and an empty kernel's raw launch, the platform's floor) take turns in each round.
 // Graph: the forward and backward kernel times (a graph of 20 back-to-back calls, per call)
 // against a graph holding one forward + backward, replayed 20 times back to back, per replay.
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <algorithm>
 #include <cstring>
-#include <stdexcept>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <vector>
 
 #include "api/runtime_impl.hpp"
@@ -148,19 +150,49 @@ class RawCalls {
   std::vector<csa::device::Buffer> workspace_;
 };
 
-// Wall-clock microseconds per call of `calls` calls queued back to back (median of `rounds`).
-double queued_us(csa::Runtime& rt, csa::Stream stream, int rounds, int calls,
-                 const std::function<void()>& fn) {
-  std::vector<double> samples;
-  for (int r = 0; r < rounds; ++r) {
-    csa::device::synchronize(rt, stream);
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < calls; ++i) fn();
-    const auto t1 = std::chrono::steady_clock::now();
-    samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);
+using Clock = std::chrono::steady_clock;
+
+struct Path {
+  std::string name;
+  std::function<void()> call;
+  std::size_t launches = 0;  // raw paths: driver launches per call
+};
+
+struct HostTimes {
+  double queued_us = 0.0;
+  double idle_us = 0.0;
+};
+
+// Per path: wall-clock microseconds per call of 50 calls queued back to back (median of 31
+// rounds), and of one call issued to an idle stream (median of 201). The paths take turns in
+// every round, so a drift of the host's speed during the run biases none of them.
+std::vector<HostTimes> time_paths(csa::Runtime& rt, csa::Stream stream,
+                                  const std::vector<Path>& paths) {
+  const std::size_t n = paths.size();
+  std::vector<std::vector<double>> queued(n), idle(n);
+  for (const auto& p : paths)
+    for (int i = 0; i < 20; ++i) p.call();  // warm
+  for (int round = 0; round < 31; ++round) {
+    for (std::size_t i = 0; i < n; ++i) {
+      csa::device::synchronize(rt, stream);
+      const auto t0 = Clock::now();
+      for (int c = 0; c < 50; ++c) paths[i].call();
+      queued[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                          50);
+    }
+  }
+  for (int round = 0; round < 201; ++round) {
+    for (std::size_t i = 0; i < n; ++i) {
+      csa::device::synchronize(rt, stream);
+      const auto t0 = Clock::now();
+      paths[i].call();
+      idle[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
   }
   csa::device::synchronize(rt, stream);
-  return median(samples);
+  std::vector<HostTimes> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = {median(queued[i]), median(idle[i])};
+  return out;
 }
 
 struct Problem {
@@ -219,7 +251,7 @@ struct Problem {
 };
 
 nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
-                            const char* pack) {
+                            const char* pack, const Path& empty_kernel) {
   const Problem prob(rt, c, pack);
   const csa::Plan plan(rt, c, 0);
   const csa::ForwardArgs f = prob.forward(c);
@@ -227,32 +259,44 @@ nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Con
   auto s = reinterpret_cast<CUstream>(stream);
   RawCalls raw_forward(rt, s, [&] { plan.forward(f, stream); });
   RawCalls raw_backward(rt, s, [&] { plan.backward(b, stream); });
-  const std::vector<std::pair<std::string, std::function<void()>>> paths = {
-      {"raw forward", [&] { raw_forward.launch(); }},
+  const std::vector<Path> paths = {
+      empty_kernel,
+      {"raw forward", [&] { raw_forward.launch(); }, raw_forward.size()},
       {"plan forward", [&] { plan.forward(f, stream); }},
       {"runtime forward", [&] { rt.forward(f, stream); }},
-      {"raw backward", [&] { raw_backward.launch(); }},
+      {"raw backward", [&] { raw_backward.launch(); }, raw_backward.size()},
       {"plan backward", [&] { plan.backward(b, stream); }},
       {"runtime backward", [&] { rt.backward(b, stream); }}};
   const std::string label = fmt::format("{},{},{},{}", c.ratio, c.coff, c.head_dim, pack);
+  const auto times = time_paths(rt, stream, paths);
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& [name, fn] : paths) {
-    for (int i = 0; i < 20; ++i) fn();  // warm
-    const double queued = queued_us(rt, stream, 31, 50, fn);
-    const double idle = csa::tools::time_host(rt, stream, 201, [&](int) { fn(); });
-    const std::size_t launches =
-        name.rfind("raw", 0) == 0
-            ? (name == "raw forward" ? raw_forward.size() : raw_backward.size())
-            : 0;
-    fmt::print("{:<20} {:<18} {:>10.2f} {:>10.2f} {:>9}\n", label, name, queued, idle,
-               launches > 0 ? std::to_string(launches) : "");
-    rows.push_back({{"shape", label}, {"path", name}, {"queued_us", queued}, {"idle_us", idle}});
+  for (std::size_t i = 0; i < paths.size(); ++i) {
+    fmt::print("{:<20} {:<18} {:>10.2f} {:>10.2f} {:>9}\n", label, paths[i].name,
+               times[i].queued_us, times[i].idle_us,
+               paths[i].launches > 0 ? std::to_string(paths[i].launches) : "");
+    rows.push_back({{"shape", label},
+                    {"path", paths[i].name},
+                    {"queued_us", times[i].queued_us},
+                    {"idle_us", times[i].idle_us}});
+  }
+  // The plan's margin over the raw launches of the same kernels (target: <= 1 us).
+  for (const char* dir : {"forward", "backward"}) {
+    const auto find = [&](const std::string& name) {
+      for (std::size_t i = 0; i < paths.size(); ++i)
+        if (paths[i].name == name) return times[i];
+      return HostTimes{};
+    };
+    const HostTimes raw = find(std::string("raw ") + dir);
+    const HostTimes plan_t = find(std::string("plan ") + dir);
+    fmt::print("{:<20} plan - raw {:<8} {:>+10.2f} {:>+10.2f}\n", label, dir,
+               plan_t.queued_us - raw.queued_us, plan_t.idle_us - raw.idle_us);
   }
   return rows;
 }
 
-// The platform's floor: cuLaunchKernelEx of an empty kernel taking one int.
-nlohmann::json bench_empty_kernel(csa::Runtime& rt, csa::Stream stream) {
+// The platform's floor: cuLaunchKernelEx of an empty kernel taking one int. The library
+// handle stays loaded for the process.
+Path empty_kernel_path(csa::Runtime& rt, csa::Stream stream) {
   const auto& d = rt.impl().loader.get();
   csa::nvrtc::CompileRequest req;
   req.source = "extern \"C\" __global__ void empty_kernel(int) {}\n";
@@ -267,23 +311,20 @@ nlohmann::json bench_empty_kernel(csa::Runtime& rt, csa::Stream stream) {
           "load the empty kernel");
   d.check(d.api().cuLibraryGetKernel(&kernel, lib, compiled.lowered_names[0].c_str()),
           "get the empty kernel");
-  int arg = 0;
-  void* args[] = {&arg};
-  CUlaunchConfig config{};
-  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
-  config.blockDimX = 32;
-  config.blockDimY = config.blockDimZ = 1;
-  config.hStream = reinterpret_cast<CUstream>(stream);
-  auto fn = [&] {
-    d.check(d.api().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr),
-            "empty launch");
-  };
-  for (int i = 0; i < 20; ++i) fn();
-  const double queued = queued_us(rt, stream, 31, 50, fn);
-  const double idle = csa::tools::time_host(rt, stream, 201, [&](int) { fn(); });
-  fmt::print("{:<20} {:<18} {:>10.2f} {:>10.2f} {:>9}\n", "-", "raw empty kernel", queued, idle, 1);
-  d.check(d.api().cuLibraryUnload(lib), "unload the empty kernel");
-  return {{"shape", "-"}, {"path", "raw empty kernel"}, {"queued_us", queued}, {"idle_us", idle}};
+  auto config = std::make_shared<CUlaunchConfig>();
+  config->gridDimX = config->gridDimY = config->gridDimZ = 1;
+  config->blockDimX = 32;
+  config->blockDimY = config->blockDimZ = 1;
+  config->hStream = reinterpret_cast<CUstream>(stream);
+  auto arg = std::make_shared<int>(0);
+  return {"raw empty kernel",
+          [&d, config, arg, kernel] {
+            void* args[] = {arg.get()};
+            d.check(d.api().cuLaunchKernelEx(config.get(), reinterpret_cast<CUfunction>(kernel),
+                                             args, nullptr),
+                    "empty launch");
+          },
+          1};
 }
 
 nlohmann::json bench_graph(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
@@ -333,14 +374,16 @@ int main(int argc, char** argv) try {
   fmt::print(
       "host us per call: queued = 50 calls back to back on one stream, per call (median of "
       "31); idle = one call on an idle stream (median of 201); raw = cuLaunchKernelEx of "
-      "the same kernels and argument blocks\n");
+      "the same kernels and argument blocks; the paths take turns in every round\n");
   fmt::print("{:<20} {:<18} {:>10} {:>10} {:>9}\n", "shape (r,c,d,pack)", "path", "queued", "idle",
              "launches");
   nlohmann::json report = {{"device", dev.name}};
-  report["host"] = nlohmann::json::array({bench_empty_kernel(rt, stream.get())});
+  report["host"] = nlohmann::json::array();
+  const Path empty = empty_kernel_path(rt, stream.get());
   for (const auto& [config, pack] :
        {std::pair{csa::Config{4, 128, 2}, "1x8192"}, std::pair{csa::Config{128, 512, 1}, "1x4096"}})
-    for (auto& row : bench_config(rt, stream.get(), config, pack)) report["host"].push_back(row);
+    for (auto& row : bench_config(rt, stream.get(), config, pack, empty))
+      report["host"].push_back(row);
   report["graph"] = bench_graph(rt, stream.get(), {4, 128, 2}, "1x8192");
   if (argc > 1) {
     std::ofstream(argv[1]) << report.dump(2) << "\n";

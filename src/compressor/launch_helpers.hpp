@@ -64,7 +64,7 @@ inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArg
 // a.grad_ape (overwritten, or added into with CSA_ACCUMULATE_GRAD_APE).
 inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const float* workspace,
                               const BackwardArgs& a, std::int64_t elements, int groups, int lanes,
-                              CUstream stream) {
+                              bool programmatic, CUstream stream) {
   csa_kernel::ApeReduceParams reduce{};
   reduce.workspace = workspace;
   reduce.grad_ape = a.grad_ape;
@@ -75,6 +75,7 @@ inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const fl
   shape.grid_x = blocks_for(elements, 32);
   shape.block_x = 32;
   shape.block_y = static_cast<unsigned>(lanes);
+  shape.programmatic = programmatic;
   launch::launch(d, kernel, shape, reduce, stream, "grad_ape reduction launch");
 }
 

@@ -59,7 +59,8 @@ Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelSto
       loader_(loader),
       compile_options_{options.ptxas_verbose, options.line_info},
       schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")),
-      fast_launch_(env::flag("CSA_FAST_LAUNCH", true)) {
+      fast_launch_(env::flag("CSA_FAST_LAUNCH", true)),
+      programmatic_launch_(env::flag("CSA_PROGRAMMATIC_LAUNCH", true)) {
   auto set = std::make_shared<schedule::ScheduleSet>(schedule::ScheduleSet::embedded());
   if (const auto file = env::get("CSA_SCHEDULE_FILE")) {
     std::ifstream in(*file, std::ios::binary);
@@ -182,6 +183,7 @@ DeviceTraits Service::device_traits(int ordinal) {
          ordinal, major, minor);
   }
   t.arch = fmt::format("sm_{}{}", major, minor);
+  t.cc_major = major;
   nvrtc::check_arch(t.arch);
   std::lock_guard<std::mutex> lock(mutex_);
   devices_.emplace(ordinal, t);
@@ -208,6 +210,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   auto prepared = std::make_shared<Prepared>();
   prepared->config = config;
   prepared->device = device_traits(device);
+  prepared->programmatic = programmatic_launch_ && prepared->device.cc_major >= 9;
   const auto set = schedules();
   const Family resolved = resolve(config, family, prepared->device.arch);
   prepared->family = resolved;
@@ -364,6 +367,7 @@ void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream s
   const int vec = schedule::forward_vec_for(p.schedule, a.config, a.total_comp);
   const int ncv = a.config.head_dim / vec;
   shape.block_x = static_cast<unsigned>(p.schedule.forward_threads);
+  shape.programmatic = p.programmatic;
   shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
   const int slot = vec == p.schedule.forward_vec ? kSwForward : kSwForwardWide;
   launch::launch(driver(), p.kernel(slot), shape, params, stream, "forward launch");
@@ -418,6 +422,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   shape.grid_y = static_cast<unsigned>(grid.grid_y);
   shape.block_x = static_cast<unsigned>(s.backward_tx);
   shape.block_y = static_cast<unsigned>(s.backward_ty);
+  shape.programmatic = p.programmatic;
   const bool fixed_order = (a.flags & kDeterministic) != 0 || s.fixed_order_default;
   if (!fixed_order) {
     if (!accumulate) {
@@ -436,7 +441,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   params.workspace = device_ptr<float>(workspace);
   launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
   launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
-                    s.reduce_lanes, stream);
+                    s.reduce_lanes, p.programmatic, stream);
 }
 
 OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,

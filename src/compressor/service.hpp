@@ -23,6 +23,7 @@ namespace csa::compressor {
 
 struct DeviceTraits {
   int ordinal = 0;
+  int cc_major = 0;
   std::string arch;  // "sm_90"
   int sm_count = 0;
   schedule::SmLimits sm;
@@ -48,6 +49,7 @@ struct Prepared {
   std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
   std::vector<PreparedBucket> long_backward;
   int long_ape_reduce_slot = 0;
+  bool programmatic = false;  // launch with programmatic dependent launch (sm_90+)
   std::shared_ptr<const cache::LoadedModule> module;
   CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
 };
@@ -117,6 +119,7 @@ class Service {
   CompileOptions compile_options_;
   std::optional<std::string> schedule_override_;
   bool fast_launch_ = true;  // CSA_FAST_LAUNCH=0: no record cache, everything resolved per call
+  bool programmatic_launch_ = true;  // CSA_PROGRAMMATIC_LAUNCH=0: plain stream serialization
 
   // Scratch for the fixed-order grad_ape partials, one per (context, stream), grown on demand.
   // NOTE: keyed by the driver's unique context and stream ids, never by handle values, which

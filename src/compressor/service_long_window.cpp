@@ -78,7 +78,9 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
 namespace {
 
 // Staged form: a 1-D block and dynamic shared memory; lanes form: (column lanes, window lanes).
-void set_block(launch::LaunchShape& shape, const PreparedBucket& b) {
+// Both wait for the stream's previous kernel in pdl_enter() when launched programmatically.
+void set_block(launch::LaunchShape& shape, const PreparedBucket& b, bool programmatic) {
+  shape.programmatic = programmatic;
   if (b.schedule.staged) {
     shape.block_x = static_cast<unsigned>(b.schedule.threads);
     shape.shared_bytes = static_cast<unsigned>(b.shared_bytes);
@@ -104,7 +106,7 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(a.total_comp);
   shape.grid_y = static_cast<unsigned>((a.config.head_dim + b.schedule.cols - 1) / b.schedule.cols);
-  set_block(shape, b);
+  set_block(shape, b, p.programmatic);
   launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
 }
 
@@ -128,10 +130,10 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(grid.row_groups);
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
-  set_block(shape, b);
+  set_block(shape, b, p.programmatic);
   launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
   launch_ape_reduce(d, p.kernel(p.long_ape_reduce_slot), params.workspace, a, ape_elems,
-                    grid.row_groups, kApeReduceLanes, stream);
+                    grid.row_groups, kApeReduceLanes, p.programmatic, stream);
 }
 
 }  // namespace csa::compressor

@@ -12,6 +12,9 @@ struct LaunchShape {
   unsigned grid_x = 1, grid_y = 1, grid_z = 1;
   unsigned block_x = 1, block_y = 1, block_z = 1;
   unsigned shared_bytes = 0;
+  // Programmatic dependent launch (sm_90+): the kernel may be scheduled while the previous
+  // kernel in the stream still runs; it waits in pdl_enter() before touching memory.
+  bool programmatic = false;
 };
 
 // NOTE: a CUkernel from cuLibraryGetKernel may be launched as a CUfunction; it then runs in
@@ -28,6 +31,13 @@ void launch(const driver::Driver& driver, CUkernel kernel, const LaunchShape& sh
   config.blockDimZ = shape.block_z;
   config.sharedMemBytes = shape.shared_bytes;
   config.hStream = stream;
+  CUlaunchAttribute attribute{};
+  if (shape.programmatic) {
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
   void* args[] = {const_cast<Params*>(&params)};
   driver.check(
       driver.api().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr),
