@@ -69,14 +69,17 @@ struct GraphInspection {
 struct RawLaunch {
   CUfunction function = nullptr;
   CUlaunchConfig config{};
+  CUlaunchAttribute attribute{};  // programmatic serialization, as the library launches
   std::vector<unsigned char> params;
   void* args[1] = {nullptr};
 };
 
 class RawCalls {
  public:
-  // Captures `call` on `stream` and keeps its kernel launches, in order.
-  RawCalls(csa::Runtime& rt, CUstream stream, const std::function<void()>& call) : rt_(rt) {
+  // Captures `call` on `stream` and keeps its kernel launches, in order; `programmatic`: launch
+  // them with programmatic stream serialization, as the library does on this device.
+  RawCalls(csa::Runtime& rt, CUstream stream, bool programmatic, const std::function<void()>& call)
+      : rt_(rt) {
     const auto& d = rt.impl().loader.get();
     const auto& api = d.api();
     GraphInspection gi;
@@ -116,7 +119,15 @@ class RawCalls {
         launches_.begin(), launches_.end(),
         [](const RawLaunch& a, const RawLaunch& b) { return a.params.size() > b.params.size(); });
     repoint_workspace();
-    for (auto& l : launches_) l.args[0] = l.params.data();
+    for (auto& l : launches_) {
+      l.args[0] = l.params.data();
+      if (programmatic) {
+        l.attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        l.attribute.value.programmaticStreamSerializationAllowed = 1;
+        l.config.attrs = &l.attribute;
+        l.config.numAttrs = 1;
+      }
+    }
   }
 
   void launch() {
@@ -257,8 +268,9 @@ nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Con
   const csa::ForwardArgs f = prob.forward(c);
   const csa::BackwardArgs b = prob.backward(c);
   auto s = reinterpret_cast<CUstream>(stream);
-  RawCalls raw_forward(rt, s, [&] { plan.forward(f, stream); });
-  RawCalls raw_backward(rt, s, [&] { plan.backward(b, stream); });
+  const bool programmatic = rt.impl().service.record(c, csa::Family::kAuto, 0)->programmatic;
+  RawCalls raw_forward(rt, s, programmatic, [&] { plan.forward(f, stream); });
+  RawCalls raw_backward(rt, s, programmatic, [&] { plan.backward(b, stream); });
   const std::vector<Path> paths = {
       empty_kernel,
       {"raw forward", [&] { raw_forward.launch(); }, raw_forward.size()},
@@ -370,7 +382,10 @@ int main(int argc, char** argv) try {
   csa::device::make_current(rt, 0);
   const csa::DeviceInfo dev = csa::device::current_device(rt);
   csa::device::StreamHandle stream(rt);
-  fmt::print("device: {} ({} SMs)\n", dev.name, dev.sm_count);
+  fmt::print("device: {} ({} SMs); programmatic dependent launch {}\n", dev.name, dev.sm_count,
+             rt.impl().service.record({4, 128, 2}, csa::Family::kAuto, 0)->programmatic
+                 ? "on (the raw launches ask for it too)"
+                 : "off");
   fmt::print(
       "host us per call: queued = 50 calls back to back on one stream, per call (median of "
       "31); idle = one call on an idle stream (median of 201); raw = cuLaunchKernelEx of "
