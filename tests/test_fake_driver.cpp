@@ -20,8 +20,11 @@ struct FakeState {
   std::atomic<int> launches{0};
   std::atomic<int> allocations{0};
   std::atomic<int> attribute_queries{0};
+  std::atomic<int> current_device{0};  // device 0: sm_90, 132 SMs; device 1: sm_80, 108 SMs
   std::mutex mutex;
-  std::vector<unsigned> last_grid;  // x, y, block x, block y of the last launch
+  std::vector<unsigned> last_grid;           // x, y, block x, block y of the last launch
+  std::vector<std::vector<unsigned>> grids;  // every launch's, in order
+  bool last_programmatic = false;            // the last launch asked for programmatic serialization
 };
 FakeState& state() {
   static FakeState s;
@@ -29,31 +32,31 @@ FakeState& state() {
 }
 
 CUresult CUDAAPI fake_ctx_get_current(CUcontext* ctx) {
-  *ctx = reinterpret_cast<CUcontext>(0x1000);
+  *ctx = reinterpret_cast<CUcontext>(static_cast<std::uintptr_t>(0x1000 + state().current_device));
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_ctx_get_device(CUdevice* dev) {
-  *dev = 0;
+  *dev = state().current_device;
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_device_get_count(int* n) {
-  *n = 1;
+  *n = 2;
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_device_get(CUdevice* dev, int ordinal) {
   *dev = ordinal;
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_device_get_attribute(int* value, CUdevice_attribute attr, CUdevice) {
+CUresult CUDAAPI fake_device_get_attribute(int* value, CUdevice_attribute attr, CUdevice dev) {
   switch (attr) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
-      *value = 9;
+      *value = dev == 0 ? 9 : 8;
       break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
       *value = 0;
       break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
-      *value = 132;
+      *value = dev == 0 ? 132 : 108;
       break;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR:
       *value = 65536;
@@ -102,14 +105,20 @@ CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction, void**, v
   ++state().launches;
   std::lock_guard<std::mutex> lock(state().mutex);
   state().last_grid = {config->gridDimX, config->gridDimY, config->blockDimX, config->blockDimY};
+  state().grids.push_back(state().last_grid);
+  state().last_programmatic =
+      config->numAttrs == 1 &&
+      config->attrs[0].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
+      config->attrs[0].value.programmaticStreamSerializationAllowed == 1;
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_get_id(unsigned long long* id) {
   *id = 7;
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_ctx_get_id(CUcontext, unsigned long long* id) {
-  return fake_get_id(id);
+CUresult CUDAAPI fake_ctx_get_id(CUcontext ctx, unsigned long long* id) {
+  *id = reinterpret_cast<std::uintptr_t>(ctx);
+  return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_stream_get_id(CUstream, unsigned long long* id) {
   return fake_get_id(id);
@@ -220,6 +229,9 @@ class FakeDriver : public ::testing::Test {
     state().launches = 0;
     state().allocations = 0;
     state().attribute_queries = 0;
+    state().current_device = 0;
+    std::lock_guard<std::mutex> lock(state().mutex);
+    state().grids.clear();
   }
 };
 
@@ -345,6 +357,61 @@ TEST_F(FakeDriver, FastLaunchOffResolvesEveryCall) {
   EXPECT_GT(state().attribute_queries, queries) << "CSA_FAST_LAUNCH=0 reused a record";
   EXPECT_EQ(state().library_loads, 1) << "the module cache still serves the kernels";
   EXPECT_EQ(state().launches, 2);
+}
+
+// Two devices in one process (an sm_90 with 132 SMs and an sm_80 with 108): separate records,
+// a module per arch, grids sized to each device, programmatic launch only where the arch has
+// it, and a record used on the wrong device is rejected before any launch.
+TEST_F(FakeDriver, TwoDevicesKeepSeparateRecords) {
+  FakeRuntime rt;
+  std::vector<unsigned> grid[2];
+  bool programmatic[2] = {};
+  for (int device : {0, 1}) {
+    state().current_device = device;
+    std::size_t first = 0;
+    {
+      std::lock_guard<std::mutex> lock(state().mutex);
+      first = state().grids.size();
+    }
+    BackwardArgs b = backward_args(kShort);
+    b.total_tokens = 65536;  // 16384 rows: many more than one wave of either device
+    b.total_comp = 65536 / kShort.ratio;
+    rt.service.backward(b, kStream, Family::kAuto);
+    {
+      std::lock_guard<std::mutex> lock(state().mutex);
+      grid[device] = state().grids.at(first);  // the backward kernel (the reduction follows)
+    }
+    rt.service.forward(forward_args(kLong), kStream, Family::kAuto);
+    std::lock_guard<std::mutex> lock(state().mutex);
+    programmatic[device] = state().last_programmatic;
+  }
+  EXPECT_EQ(state().library_loads, 4) << "one module per configuration and arch";
+  EXPECT_TRUE(programmatic[0]) << "sm_90 launches ask for programmatic serialization";
+  EXPECT_FALSE(programmatic[1]) << "sm_80 has no programmatic dependent launch";
+  ASSERT_EQ(grid[0].size(), 4u);
+  ASSERT_EQ(grid[1].size(), 4u);
+  EXPECT_NE(grid[0][0] * grid[0][1], grid[1][0] * grid[1][1])
+      << "the backward grid is one wave of each device";
+  const int launches = state().launches;
+  auto record0 = rt.service.record(kShort, Family::kAuto, 0);
+  state().current_device = 1;
+  try {
+    rt.service.forward_with(*record0, forward_args(kShort), kStream);
+    FAIL() << "a record of device 0 launched on device 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("prepared for device 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(state().launches, launches);
+}
+
+TEST_F(FakeDriver, ProgrammaticLaunchCanBeTurnedOff) {
+  ::setenv("CSA_PROGRAMMATIC_LAUNCH", "0", 1);
+  FakeRuntime rt;
+  ::unsetenv("CSA_PROGRAMMATIC_LAUNCH");
+  rt.service.forward(forward_args(kShort), kStream, Family::kAuto);
+  std::lock_guard<std::mutex> lock(state().mutex);
+  EXPECT_FALSE(state().last_programmatic);
 }
 
 }  // namespace
