@@ -305,6 +305,7 @@ TEST_F(FakeDriver, ManyThreadsShareOnePreparedRecordPerConfiguration) {
   constexpr int kThreads = 8;
   constexpr int kCalls = 50;
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   std::atomic<int> errors{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {

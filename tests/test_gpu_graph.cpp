@@ -248,6 +248,7 @@ TEST_F(Gpu, EightThreadsOnEightStreamsMatchSingleThreadedRun) {
   std::vector<Problem> problems;
   std::vector<std::unique_ptr<DeviceProblem>> device_problems;
   std::vector<Outputs::Host> expected;
+  problems.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     problems.push_back(make_problem(configs[t % configs.size()], {300, 129, 77}, kExtraTokens,
                                     kExtraRows, base_seed() + 100 + static_cast<unsigned>(t)));
@@ -292,6 +293,7 @@ TEST_F(Gpu, EightThreadsOnEightStreamsMatchSingleThreadedRun) {
     }
   };
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
   for (auto& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
