@@ -15,6 +15,16 @@ TEST(ShortWindowSchedule, VectorisesEvenHeadDimsOnly) {
   EXPECT_EQ(schedule::select_short_window({16, 128, 2}).backward_vec, 1);  // wide window
 }
 
+TEST(ShortWindowSchedule, ReductionLanesFollowTheMeasuredRuleAndCanBeOverridden) {
+  EXPECT_EQ(schedule::select_short_window({4, 128, 2}).reduce_lanes, 16);
+  EXPECT_EQ(schedule::select_short_window({2, 128, 2}).reduce_lanes, 16);
+  EXPECT_EQ(schedule::select_short_window({4, 512, 2}).reduce_lanes, 16);
+  EXPECT_EQ(schedule::select_short_window({2, 512, 2}).reduce_lanes, 8);
+  EXPECT_EQ(schedule::select_short_window({4, 128, 2}, std::string("rl=32")).reduce_lanes, 32);
+  EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("rl=3")), Error);
+  EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("rl=64")), Error);
+}
+
 TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
   const auto s = schedule::select_short_window({4, 512, 2});
   EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, 1024), 2);

@@ -57,6 +57,8 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
       s.backward_ty = value;
     else if (key == "fixed")
       s.fixed_order_default = value != 0;
+    else if (key == "rl")
+      s.reduce_lanes = value;
     else
       fail(Status::kInvalidArgument, "schedule override: unknown field '{}'", key);
   }
@@ -66,6 +68,13 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
   if (!vec_ok(s.forward_vec) || !vec_ok(s.forward_wide_vec) || !vec_ok(s.backward_vec)) {
     fail(Status::kInvalidArgument,
          "schedule override: vector width must be 1, 2, 4 or 8 and divide head_dim {}", c.head_dim);
+  }
+  if (s.reduce_lanes != 1 && s.reduce_lanes != 2 && s.reduce_lanes != 4 && s.reduce_lanes != 8 &&
+      s.reduce_lanes != 16 && s.reduce_lanes != 32) {
+    fail(Status::kInvalidArgument,
+         "schedule override: rl (reduction lanes) must be 1, 2, 4, 8, "
+         "16 or 32, not {}",
+         s.reduce_lanes);
   }
   if (s.forward_threads < 32 || s.forward_threads > 1024 || s.backward_tx < 1 ||
       s.backward_ty < 1 || s.backward_tx * s.backward_ty > 1024) {
@@ -90,6 +99,12 @@ ShortWindowSchedule select_short_window(const Config& c,
   // measured faster on the H200 for narrow rows (W < 512); fp32 atomics into a zeroed grad_ape
   // measured ~5% faster for wide ones (W = 1024).
   s.fixed_order_default = c.coff * c.head_dim < 512;
+  // The fixed-order reduction reads one partial per row group (~50-200): 16 lanes per column
+  // issue them in one batch of loads (8 lanes needed two). H200, kernel us at 1x4096 (8 -> 16
+  // lanes): 4,2,128 6.63 -> 6.40, 2,2,128 7.08 -> 6.67, 4,2,512 deterministic 15.55 -> 15.37;
+  // only 2,2,512 (deterministic) measured slower with 16 (15.14 -> 15.76), so ratio <= 2 with
+  // coff * head_dim >= 1024 keeps 8.
+  s.reduce_lanes = (c.ratio <= 2 && c.coff * c.head_dim >= 1024) ? 8 : 16;
   if (override_spec) apply_override(s, c, *override_spec);
   if (!override_spec || override_spec->find("tx=") == std::string::npos) {
     s.backward_tx = backward_block_x(c.head_dim / s.backward_vec);

@@ -21,9 +21,9 @@ struct ShortWindowSchedule {
   int forward_wide_vec = 2;
   std::int64_t forward_wide_min_elements = 600000;
   int backward_vec = 2;
-  int backward_tx = 64;             // threads along column vectors
-  int backward_ty = 4;              // row lanes per CTA (folded in fixed order for grad_ape)
-  int reduce_lanes = 8;             // fixed-order grad_ape reduction: lanes per column
+  int backward_tx = 64;  // threads along column vectors
+  int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
+  int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column (see the rule)
   bool fixed_order_default = true;  // grad_ape without atomics even when not asked for
 
   std::string describe() const;
