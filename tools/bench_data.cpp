@@ -66,4 +66,64 @@ std::int64_t backward_bytes(const HostInputs& in) {
   return 2 * (4 * in.total_tokens * width + in.total_comp * in.config.head_dim);
 }
 
+DeviceInputs::DeviceInputs(Runtime& runtime, const HostInputs& host)
+    : in(host),
+      cu(runtime, host.cu.size() * 4),
+      cuc(runtime, host.cuc.size() * 4),
+      ape(runtime, host.ape.size() * 4),
+      kv(runtime, host.kv.size() * 2),
+      score(runtime, host.score.size() * 2),
+      grad_out(runtime, host.grad_out.size() * 2),
+      out(runtime, host.grad_out.size() * 2),
+      grad_kv(runtime, host.kv.size() * 2),
+      grad_score(runtime, host.kv.size() * 2),
+      grad_ape(runtime, host.ape.size() * 4) {
+  cu.upload(in.cu.data(), cu.size());
+  cuc.upload(in.cuc.data(), cuc.size());
+  ape.upload(in.ape.data(), ape.size());
+  kv.upload(in.kv.data(), kv.size());
+  score.upload(in.score.data(), score.size());
+  grad_out.upload(in.grad_out.data(), grad_out.size());
+}
+
+ForwardArgs DeviceInputs::forward() const {
+  ForwardArgs a;
+  a.kv = kv.get();
+  a.score = score.get();
+  a.ape = ape.as<float>();
+  a.cu_seqlens = cu.as<std::int32_t>();
+  a.cu_seqlens_comp = cuc.as<std::int32_t>();
+  a.out = out.get();
+  a.total_tokens = in.total_tokens;
+  a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+  a.total_comp = in.total_comp;
+  a.config = in.config;
+  return a;
+}
+
+BackwardArgs DeviceInputs::backward(std::uint32_t flags) const {
+  BackwardArgs a;
+  a.kv = kv.get();
+  a.score = score.get();
+  a.ape = ape.as<float>();
+  a.cu_seqlens = cu.as<std::int32_t>();
+  a.cu_seqlens_comp = cuc.as<std::int32_t>();
+  a.grad_out = grad_out.get();
+  a.grad_kv = grad_kv.get();
+  a.grad_score = grad_score.get();
+  a.grad_ape = grad_ape.as<float>();
+  a.total_tokens = in.total_tokens;
+  a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+  a.total_comp = in.total_comp;
+  a.config = in.config;
+  a.flags = flags;
+  return a;
+}
+
+std::vector<std::uint16_t> DeviceInputs::download16(const device::Buffer& buffer) {
+  std::vector<std::uint16_t> h(buffer.size() / 2);
+  buffer.download(h.data(), buffer.size());
+  return h;
+}
+
 }  // namespace csa::tools

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "csa/csa.hpp"
+#include "csa/device.hpp"
 
 namespace csa::tools {
 
@@ -28,6 +29,18 @@ struct HostInputs {
 };
 
 HostInputs make_inputs(const Config& config, const Pack& pack, std::uint64_t seed);
+
+// One problem's inputs uploaded to the current device, with its output buffers, and the call
+// arguments over them (every size at its true value: no spare capacity).
+struct DeviceInputs {
+  DeviceInputs(Runtime& runtime, const HostInputs& host);
+  ForwardArgs forward() const;
+  BackwardArgs backward(std::uint32_t flags = 0) const;
+  static std::vector<std::uint16_t> download16(const device::Buffer& buffer);
+
+  HostInputs in;
+  device::Buffer cu, cuc, ape, kv, score, grad_out, out, grad_kv, grad_score, grad_ape;
+};
 
 // Bytes the operation must move: each input read once, each output written once.
 std::int64_t forward_bytes(const HostInputs& in);

@@ -79,66 +79,6 @@ std::string candidate_table(const std::string& arch, const Config& c, Direction 
   return table.dump();
 }
 
-struct Problem {
-  HostInputs in;
-  device::Buffer cu, cuc, ape, kv, score, grad_out, out, grad_kv, grad_score, grad_ape;
-  Problem(Runtime& rt, const HostInputs& host)
-      : in(host),
-        cu(rt, host.cu.size() * 4),
-        cuc(rt, host.cuc.size() * 4),
-        ape(rt, host.ape.size() * 4),
-        kv(rt, host.kv.size() * 2),
-        score(rt, host.score.size() * 2),
-        grad_out(rt, host.grad_out.size() * 2),
-        out(rt, host.grad_out.size() * 2),
-        grad_kv(rt, host.kv.size() * 2),
-        grad_score(rt, host.kv.size() * 2),
-        grad_ape(rt, host.ape.size() * 4) {
-    cu.upload(in.cu.data(), cu.size());
-    cuc.upload(in.cuc.data(), cuc.size());
-    ape.upload(in.ape.data(), ape.size());
-    kv.upload(in.kv.data(), kv.size());
-    score.upload(in.score.data(), score.size());
-    grad_out.upload(in.grad_out.data(), grad_out.size());
-  }
-  ForwardArgs forward() const {
-    ForwardArgs a;
-    a.kv = kv.get();
-    a.score = score.get();
-    a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
-    a.out = out.get();
-    a.total_tokens = in.total_tokens;
-    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
-    a.total_comp = in.total_comp;
-    a.config = in.config;
-    return a;
-  }
-  BackwardArgs backward() const {
-    BackwardArgs a;
-    a.kv = kv.get();
-    a.score = score.get();
-    a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
-    a.grad_out = grad_out.get();
-    a.grad_kv = grad_kv.get();
-    a.grad_score = grad_score.get();
-    a.grad_ape = grad_ape.as<float>();
-    a.total_tokens = in.total_tokens;
-    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
-    a.total_comp = in.total_comp;
-    a.config = in.config;
-    return a;
-  }
-  std::vector<std::uint16_t> download16(const device::Buffer& b) const {
-    std::vector<std::uint16_t> h(b.size() / 2);
-    b.download(h.data(), b.size());
-    return h;
-  }
-};
-
 void run_tune(Runtime& rt, const TuneOptions& o) {
   device::make_current(rt, o.device);
   const DeviceInfo dev = device::current_device(rt);
@@ -178,7 +118,7 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
       Pack pack;
       pack.seqlens = {static_cast<std::int32_t>(r * c.ratio)};
       pack.label = fmt::format("1x{}", r * c.ratio);
-      Problem p(rt, make_inputs(c, pack, o.seed + static_cast<std::uint64_t>(r)));
+      DeviceInputs p(rt, make_inputs(c, pack, o.seed + static_cast<std::uint64_t>(r)));
       // References: the plain kernels of the SPEC op order.
       rt.forward(p.forward(), stream.get(), Family::kReference);
       rt.backward(p.backward(), stream.get(), Family::kReference);

@@ -206,67 +206,13 @@ std::vector<HostTimes> time_paths(csa::Runtime& rt, csa::Stream stream,
   return out;
 }
 
-struct Problem {
-  csa::tools::HostInputs in;
-  csa::device::Buffer cu, cuc, ape, kv, score, out, grad_out, grad_kv, grad_score, grad_ape;
-  Problem(csa::Runtime& rt, const csa::Config& c, const char* pack)
-      : in(csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77)),
-        cu(rt, in.cu.size() * 4),
-        cuc(rt, in.cuc.size() * 4),
-        ape(rt, in.ape.size() * 4),
-        kv(rt, in.kv.size() * 2),
-        score(rt, in.score.size() * 2),
-        out(rt, in.grad_out.size() * 2),
-        grad_out(rt, in.grad_out.size() * 2),
-        grad_kv(rt, in.kv.size() * 2),
-        grad_score(rt, in.kv.size() * 2),
-        grad_ape(rt, in.ape.size() * 4) {
-    cu.upload(in.cu.data(), cu.size());
-    cuc.upload(in.cuc.data(), cuc.size());
-    ape.upload(in.ape.data(), ape.size());
-    kv.upload(in.kv.data(), kv.size());
-    score.upload(in.score.data(), score.size());
-    grad_out.upload(in.grad_out.data(), grad_out.size());
-  }
-  csa::ForwardArgs forward(const csa::Config& c) const {
-    csa::ForwardArgs a;
-    a.kv = kv.get();
-    a.score = score.get();
-    a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
-    a.out = out.get();
-    a.total_tokens = in.total_tokens;
-    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
-    a.total_comp = in.total_comp;
-    a.config = c;
-    return a;
-  }
-  csa::BackwardArgs backward(const csa::Config& c) const {
-    csa::BackwardArgs a;
-    a.kv = kv.get();
-    a.score = score.get();
-    a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
-    a.grad_out = grad_out.get();
-    a.grad_kv = grad_kv.get();
-    a.grad_score = grad_score.get();
-    a.grad_ape = grad_ape.as<float>();
-    a.total_tokens = in.total_tokens;
-    a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
-    a.total_comp = in.total_comp;
-    a.config = c;
-    return a;
-  }
-};
-
 nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
                             const char* pack, const Path& empty_kernel) {
-  const Problem prob(rt, c, pack);
+  const csa::tools::DeviceInputs prob(rt,
+                                      csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77));
   const csa::Plan plan(rt, c, 0);
-  const csa::ForwardArgs f = prob.forward(c);
-  const csa::BackwardArgs b = prob.backward(c);
+  const csa::ForwardArgs f = prob.forward();
+  const csa::BackwardArgs b = prob.backward();
   auto s = reinterpret_cast<CUstream>(stream);
   const bool programmatic = rt.impl().service.record(c, csa::Family::kAuto, 0)->programmatic;
   RawCalls raw_forward(rt, s, programmatic, [&] { plan.forward(f, stream); });
@@ -341,10 +287,11 @@ Path empty_kernel_path(csa::Runtime& rt, csa::Stream stream) {
 
 nlohmann::json bench_graph(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
                            const char* pack) {
-  const Problem prob(rt, c, pack);
+  const csa::tools::DeviceInputs prob(rt,
+                                      csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77));
   const csa::Plan plan(rt, c, 0);
-  const csa::ForwardArgs f = prob.forward(c);
-  const csa::BackwardArgs b = prob.backward(c);
+  const csa::ForwardArgs f = prob.forward();
+  const csa::BackwardArgs b = prob.backward();
   const int reps = 31, calls = 20;
   const double fwd =
       csa::tools::time_graph(rt, stream, reps, calls, [&](int) { plan.forward(f, stream); });
