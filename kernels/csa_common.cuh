@@ -11,6 +11,10 @@ namespace csa_kernel {
 // latency between back-to-back kernels. Both instructions do nothing when the launch did not
 // ask for programmatic serialization.
 // NOTE: must come before the kernel's first global memory access, read or write.
+// NOTE: the early launch_dependents also lets a kernel that the application launches next
+// with programmatic serialization start before this one ends; such a kernel must wait
+// (griddepcontrol.wait / cudaGridDependencySynchronize) before reading csa's outputs, as the
+// programmatic-launch contract asks anyway (CSA_PROGRAMMATIC_LAUNCH=0 otherwise).
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
