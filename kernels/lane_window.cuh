@@ -96,6 +96,96 @@ struct LaneLoads {
   }
 };
 
+// The backward's ring of STAGES rows (STAGES >= 2): score and kv of the window for the CTA's
+// COLS columns, and grad_out, copied by the whole CTA with 16-byte cp.async while earlier rows
+// are computed, so a row's DRAM round trip overlaps the previous rows' arithmetic and barriers
+// without holding the loads in registers. Needs head_dim % 8 == 0 (16-byte chunks; the
+// pointers are 16-byte aligned by contract) and COLS >= 8.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES>
+struct LaneRing {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  using Raw = typename RawBf16<VEC>::type;
+  static constexpr int COLS = TX * VEC;
+  static constexpr int THREADS = TX * LANES;
+  static constexpr int CHUNKS = COLS / 8;  // 16-byte chunks per slot and array
+  // One pad row after each lane's block of C slots: the lanes of one warp read different banks.
+  static constexpr int ROWS = LW::WIN + LANES;
+  static __device__ __forceinline__ int slot_row(int k) { return k + k / LW::C; }
+  // Per stage, in bf16 elements: score[ROWS][COLS] | kv[ROWS][COLS] | grad_out[COLS], padded
+  // to 16 bytes. Must match long_window_shared_bytes() on the host.
+  static constexpr int STAGE_ELEMS = ((2 * ROWS * COLS + COLS) + 7) / 8 * 8;
+
+  // Issues the copies of `row` into `stage` (all threads) and commits one group; with
+  // `!has_row` only the (empty) group, so every thread's group count stays in step.
+  static __device__ __forceinline__ void fetch(csa_u16* stage, const BackwardParams& p, int row,
+                                               bool has_row, int col0) {
+    static_assert(COLS % 8 == 0 && HEAD_DIM % 8 == 0, "the ring copies 16-byte chunks");
+    if (has_row) {
+      const RowWindow w =
+          locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+      const int tid = threadIdx.y * TX + threadIdx.x;
+      constexpr int ITEMS = 2 * LW::WIN * CHUNKS;
+#pragma unroll
+      for (int i0 = 0; i0 < ITEMS; i0 += THREADS) {
+        const int i = i0 + tid;
+        if (ITEMS % THREADS != 0 && i >= ITEMS) break;
+        const int array = i / (LW::WIN * CHUNKS);
+        const int r = i - array * (LW::WIN * CHUNKS);
+        const int k = r / CHUNKS;
+        const int col = col0 + (r - k * CHUNKS) * 8;
+        const bool ok = col < HEAD_DIM && G::valid(k, w.first);
+        const csa_u16* src = array == 0 ? p.score : p.kv;
+        if (ok) src += G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+        cp_async_16(stage + (array * ROWS + slot_row(k)) * COLS + (col - col0), src, ok);
+      }
+      if (tid < CHUNKS) {
+        const int col = col0 + tid * 8;
+        const bool ok = col < HEAD_DIM;
+        cp_async_16(stage + 2 * ROWS * COLS + tid * 8, p.grad_out + (ok ? row * HEAD_DIM + col : 0),
+                    ok);
+      }
+    }
+    cp_async_commit();
+  }
+
+  // This thread's slots of one staged row: s = score + ape (invalid slots: -inf), kv (invalid
+  // slots and columns past head_dim were zero-filled), grad_out.
+  // Above 256 threads (64 registers a thread) this thread's ape values live in shared memory
+  // too (they are the same for every row); at 256 they stay in registers, which measured
+  // 3-5 % faster on the H200. Thread-private: [C * VEC][THREADS] floats.
+  static constexpr bool APE_IN_SHARED = THREADS > 256;
+  static constexpr int APE_FLOATS = APE_IN_SHARED ? LW::C * VEC * THREADS : 0;
+  static __device__ __forceinline__ float& ape_at(float* ape_sm, int j, int v) {
+    return ape_sm[(j * VEC + v) * THREADS + threadIdx.y * TX + threadIdx.x];
+  }
+
+  static __device__ __forceinline__ void read(const csa_u16* stage, float* ape_sm,
+                                              const float (&ape)[LW::C][VEC], const RowWindow& w,
+                                              int lane, float (&s)[LW::C][VEC],
+                                              float (&x)[LW::C][VEC], float (&g)[VEC]) {
+    const int c = threadIdx.x * VEC;
+    raw_to_f32<VEC>(*reinterpret_cast<const Raw*>(stage + 2 * ROWS * COLS + c), g);
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      const bool valid = k < LW::WIN && G::valid(k, w.first);
+      Raw rs{}, rx{};
+      if (k < LW::WIN) {
+        rs = *reinterpret_cast<const Raw*>(stage + slot_row(k) * COLS + c);
+        rx = *reinterpret_cast<const Raw*>(stage + (ROWS + slot_row(k)) * COLS + c);
+      }
+      float sc[VEC];
+      raw_to_f32<VEC>(rs, sc);
+      raw_to_f32<VEC>(rx, x[j]);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v)
+        s[j][v] =
+            valid ? __fadd_rn(sc[v], APE_IN_SHARED ? ape_at(ape_sm, j, v) : ape[j][v]) : neg_inf();
+    }
+  }
+};
+
 // Lane max, then e in place and the lane's sum of e.
 template <int C, int VEC, bool FAST_EXP>
 __device__ __forceinline__ void lane_exps(float (&s)[C][VEC], float (&m)[VEC], float (&den)[VEC]) {
@@ -248,11 +338,18 @@ __global__ void __launch_bounds__(TX* LANES, 1)
   }
 }
 
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool FAST_EXP>
-__global__ void __launch_bounds__(TX* LANES, TX* LANES <= 256 ? 2 : 1)
+// STAGES = 1: each row's window is loaded straight into registers (one round trip per row);
+// STAGES >= 2: through LaneRing, STAGES - 1 rows ahead.
+// Launch bounds: 256 threads, 2 CTAs per SM (128 registers); with the ring (no window loads
+// held in registers, ape in shared memory) 512 threads also keep 2 CTAs per SM (64 registers).
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES, bool FAST_EXP>
+__global__ void __launch_bounds__(TX* LANES,
+                                  (TX * LANES <= 256 || (STAGES > 1 && TX * LANES <= 512)) ? 2 : 1)
     lane_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter();
+  static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using Ring = LaneRing<RATIO, COFF, HEAD_DIM, VEC, TX, LANES>;  // STAGES >= 2 only
   using G = typename LW::Geometry;
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int COLS = TX * VEC;
@@ -272,7 +369,10 @@ __global__ void __launch_bounds__(TX* LANES, TX* LANES <= 256 ? 2 : 1)
 #pragma unroll
     for (int v = 0; v < VEC; ++v) dape[j][v] = 0.0f;
 
-  // ape of this thread's slots: the same for every row.
+  // ape of this thread's slots: the same for every row; in registers, or (ring above 256
+  // threads) in the thread's part of shared memory after the ring.
+  extern __shared__ __align__(16) csa_u16 ring[];
+  float* const ape_sm = reinterpret_cast<float*>(ring + STAGES * Ring::STAGE_ELEMS);
   float ape[LW::C][VEC];
 #pragma unroll
   for (int j = 0; j < LW::C; ++j) {
@@ -283,21 +383,45 @@ __global__ void __launch_bounds__(TX* LANES, TX* LANES <= 256 ? 2 : 1)
 #pragma unroll
       for (int v = 0; v < VEC; ++v) ape[j][v] = 0.0f;
     }
+    if constexpr (STAGES > 1 && Ring::APE_IN_SHARED) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) Ring::ape_at(ape_sm, j, v) = ape[j][v];
+    }
   }
 
   const long long row_begin = static_cast<long long>(blockIdx.x) * p.rows_per_cta;
   const int row_end = static_cast<int>(
       row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
+  // The ring (STAGES >= 2) lives in dynamic shared memory: STAGES * Ring::STAGE_ELEMS bf16.
+  if constexpr (STAGES > 1) {
+    // NOTE: every thread commits exactly one group per fetch (empty past row_end), so the
+    // wait_group counts below name the same rows in every thread.
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+      const long long r = row_begin + i;
+      Ring::fetch(ring + i * Ring::STAGE_ELEMS, p, static_cast<int>(r), r < row_end, col0);
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+  }
   int buf = 0;
-  for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1) {
+  int it = 0;
+  for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1, ++it) {
     const RowWindow w =
         locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
-    // NOTE: prefetching the next row's window here measured no faster on the H200 and needs
-    // twice the registers; the CTAs resident per SM hide the load latency instead.
-    LaneLoads<RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
-    loads.issue(p, w, row, col, lane, active);
     float s[LW::C][VEC], x[LW::C][VEC], g[VEC];
-    loads.finish(ape, w, lane, s, x, g);
+    if constexpr (STAGES > 1) {
+      // Row `row + STAGES - 1` goes to the stage that row - 1 used: every thread finished
+      // reading it before the previous row's second barrier.
+      const long long ahead = static_cast<long long>(row) + STAGES - 1;
+      Ring::fetch(ring + ((it + STAGES - 1) % STAGES) * Ring::STAGE_ELEMS, p,
+                  static_cast<int>(ahead), ahead < row_end, col0);
+      Ring::read(ring + (it % STAGES) * Ring::STAGE_ELEMS, ape_sm, ape, w, lane, s, x, g);
+    } else {
+      LaneLoads<RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
+      loads.issue(p, w, row, col, lane, active);
+      loads.finish(ape, w, lane, s, x, g);
+    }
     float m[VEC], den[VEC];
     lane_exps<LW::C, VEC, FAST_EXP>(s, m, den);
 #pragma unroll
@@ -328,6 +452,8 @@ __global__ void __launch_bounds__(TX* LANES, TX* LANES <= 256 ? 2 : 1)
       }
       sm_s[buf][lane][c] = S_part[v];
     }
+    // This barrier also publishes the next row's stage: this thread's copies of it are done.
+    if constexpr (STAGES > 1) cp_async_wait<STAGES - 2>();
     __syncthreads();
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {

@@ -94,6 +94,23 @@ __device__ __forceinline__ void raw_to_f32(const typename RawBf16<VEC>::type& ra
   for (int i = 0; i < VEC; ++i) v[i] = bf16_to_f32(h[i]);
 }
 
+// 16-byte asynchronous copies global -> shared (sm_80+), bypassing L1. When `!valid` the 16
+// bytes are zero-filled and nothing is read (`src` must still be a mapped address).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(saddr), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Exact zeros on `count` tokens from `first_token`, columns [col0, col0 + COLS) of the halves
 // selected (first half only when `first_half_only`).
 template <int COFF, int HEAD_DIM, int COLS, int THREADS>

@@ -167,6 +167,19 @@ TEST(ScheduleTable, RejectsMalformedTablesNamingTheField) {
   expect_rejected(
       table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256, "rows_per_cta": -1, )" + rest)),
       "rows_per_cta");
+  for (const char* stages : {"0", "5", "true"}) {
+    expect_rejected(
+        table_text(bucket(std::string(R"("vec": 2, "cols": 32, "threads": 256, "stages": )") +
+                          stages + ", " + rest)),
+        "entries[0].buckets[0].stages");
+  }
+  expect_rejected(
+      table_text(bucket(R"("form": "staged", "vec": 2, "cols": 32, "threads": 256, "stages": 2, )" +
+                        rest)),
+      "the staged form has no ring");
+  EXPECT_NO_THROW(schedule::parse_schedule_table(
+      table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256, "stages": 2, )" + rest)),
+      "t.json"));
   const std::string b = R"("vec": 2, "cols": 32, "threads": 256, )" + rest;
   expect_rejected(table_text(R"({"max_rows": 64, )" + b + "}"), "last bucket must be unbounded");
   expect_rejected(table_text(R"({"max_rows": null, )" + b + R"(}, {"max_rows": null, )" + b + "}"),
@@ -262,6 +275,54 @@ TEST(ScheduleTable, FittingKeepsEveryScheduleLaunchable) {
           EXPECT_LE(f.threads, 512);
           EXPECT_EQ(d % f.vec, 0);
         }
+}
+
+TEST(ScheduleTable, TheRingFitsTheHeadDimTheRegistersAndSharedMemory) {
+  schedule::LongWindowSchedule s;
+  s.vec = 1;
+  s.cols = 16;
+  s.threads = 256;
+  s.stages = 2;
+  const auto bwd = Direction::kBackward;
+  // 16-byte chunks: head_dim % 8 and at least 8 columns per CTA.
+  EXPECT_EQ(schedule::fit_long_window({128, 512, 2}, s, "sm_90", bwd).stages, 2);
+  EXPECT_EQ(schedule::fit_long_window({128, 65, 2}, s, "sm_90", bwd).stages, 1);
+  EXPECT_EQ(schedule::fit_long_window({128, 4, 2}, s, "sm_90", bwd).stages, 1);
+  EXPECT_EQ(schedule::fit_long_window({128, 512, 2}, s, "sm_90", Direction::kForward).stages, 1);
+  // 512 threads keep two CTAs per SM with the ring (64 registers): at most 8 values a thread.
+  s.threads = 512;
+  EXPECT_EQ(schedule::fit_long_window({128, 512, 1}, s, "sm_90", bwd).stages, 2);  // 4 values
+  s.cols = 32;
+  EXPECT_EQ(schedule::fit_long_window({128, 512, 2}, s, "sm_90", bwd).stages, 1);  // 16 values
+  // Dynamic shared memory: the ring and each thread's ape values; within every arch's limit.
+  s.cols = 16;
+  s.threads = 256;
+  const Config c{128, 512, 2};
+  const auto f = schedule::fit_long_window(c, s, "sm_90", bwd);
+  // 2 stages x (2 x (256 + 16 rows) x 16 + 16) bf16; ape stays in registers at 256 threads.
+  EXPECT_EQ(schedule::long_window_shared_bytes(c, f), 2 * (2 * 272 * 16 + 16) * 2);
+  auto wide = s;
+  wide.threads = 512;
+  const auto w = schedule::fit_long_window(c, wide, "sm_90", bwd);
+  ASSERT_EQ(w.stages, 2);  // 16 columns, 32 lanes: 8 values a thread
+  // ... plus, above 256 threads, each thread's 8 ape values in shared memory.
+  EXPECT_EQ(schedule::long_window_shared_bytes(c, w),
+            2 * (2 * (256 + 32) * 16 + 16) * 2 + 8 * 512 * 4);
+  s.stages = 4;
+  s.cols = 32;
+  for (const char* arch : {"sm_80", "sm_86", "sm_90", "sm_120"}) {
+    const Config big{256, 4096, 2};
+    const auto g = schedule::fit_long_window(big, s, arch, bwd);
+    EXPECT_LE(schedule::long_window_shared_bytes(big, g) + g.threads * g.vec * 24,
+              schedule::shared_limit_for_arch(arch))
+        << arch;
+    EXPECT_GE(g.stages, 1);
+  }
+  // The compile-time stage count names a different kernel.
+  ASSERT_EQ(f.stages, 2);
+  auto b = f;
+  b.stages = 1;
+  EXPECT_FALSE(f.same_kernel(b));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `csa tune` planning without a GPU: candidates are valid table buckets, the choice rule, the
 // buckets and the merged table.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include "tune_plan.hpp"
@@ -27,6 +28,14 @@ TEST(TunePlan, EveryCandidateIsAValidBucket) {
             << cand.name;
         EXPECT_EQ(c.head_dim % cand.bucket["vec"].get<int>(), 0) << cand.name;
       }
+      // Backward: the ring (stages 2) is a candidate where head_dim allows it, with unique names.
+      const auto ring = std::count_if(candidates.begin(), candidates.end(), [](const auto& cand) {
+        return cand.bucket.value("stages", 1) == 2;
+      });
+      EXPECT_EQ(ring > 0, d == Direction::kBackward && c.head_dim % 8 == 0) << c.head_dim;
+      for (std::size_t i = 0; i < candidates.size(); ++i)
+        for (std::size_t j = i + 1; j < candidates.size(); ++j)
+          EXPECT_NE(candidates[i].name, candidates[j].name);
     }
 }
 

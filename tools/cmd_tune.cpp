@@ -30,6 +30,7 @@ struct TuneOptions {
   int reps = 7;
   std::uint64_t seed = 4321;
   std::string out;
+  std::string direction = "both";
 };
 
 // The SPEC §2 item 3 rule (or bit equality) against the reference kernels, with a margin: a
@@ -92,6 +93,9 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
   std::vector<nlohmann::json> entries;
   nlohmann::json record = nlohmann::json::array();
   for (Direction dir : {Direction::kForward, Direction::kBackward}) {
+    if (o.direction != "both" &&
+        o.direction != (dir == Direction::kForward ? "forward" : "backward"))
+      continue;  // the table's entry of this direction stays as it is
     const char* dname = dir == Direction::kForward ? "forward" : "backward";
     const auto candidates = tune_candidates(c, dir);
     // One Runtime per candidate (its own table), sharing the disk cache; compile in parallel.
@@ -254,6 +258,9 @@ void add_tune_command(CLI::App& app, Runtime*& runtime) {
   cmd->add_option("--reps", opts->reps, "timed repetitions per candidate (median)");
   cmd->add_option("--seed", opts->seed, "input seed");
   cmd->add_option("--out", opts->out, "output table (default csa-tuned-<arch>.json)");
+  cmd->add_option("--direction", opts->direction,
+                  "tune only this direction; the other keeps its current table entry")
+      ->check(CLI::IsMember({"forward", "backward", "both"}));
   cmd->callback([opts, &runtime] { run_tune(*runtime, *opts); });
 }
 

@@ -9,14 +9,18 @@ namespace csa::tools {
 
 namespace {
 
-Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d) {
+Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d,
+                int stages = 1) {
   Candidate c;
-  c.name =
-      fmt::format("lanes-{} v{} c{} t{}",
-                  serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec, cols, threads);
+  c.name = fmt::format("lanes-{} v{} c{} t{}{}",
+                       serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec, cols,
+                       threads, stages > 1 ? fmt::format(" s{}", stages) : "");
   c.bucket = {{"form", "lanes"},    {"vec", vec},       {"cols", cols},
               {"threads", threads}, {"serial", serial}, {"fast_exp", fast_exp}};
-  if (d == Direction::kBackward) c.bucket["rows_per_cta"] = 0;
+  if (d == Direction::kBackward) {
+    c.bucket["stages"] = stages;
+    c.bucket["rows_per_cta"] = 0;
+  }
   c.bitwise = serial && !fast_exp;
   return c;
 }
@@ -36,21 +40,22 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
     out.push_back(lanes(narrow, 32, 512, true, false, direction));
     out.push_back(lanes(narrow, 16, 256, true, false, direction));
   } else {
-    for (int vec : {1, narrow})
-      for (int cols : {16, 32})
-        for (int threads : {256, 512})
-          out.push_back(lanes(vec, cols, threads, false, true, direction));
-    if (narrow == 1) {  // the loop above made each (cols, threads) twice
-      std::vector<Candidate> unique;
-      for (auto& c : out)
-        if (std::none_of(unique.begin(), unique.end(),
-                         [&](const Candidate& u) { return u.name == c.name; }))
-          unique.push_back(c);
-      out = unique;
-    }
+    // The shared-memory ring (stages 2) needs head_dim % 8 == 0.
+    const int max_stages = config.head_dim % 8 == 0 ? 2 : 1;
+    for (int stages = 1; stages <= max_stages; ++stages)
+      for (int vec : {1, narrow})
+        for (int cols : {16, 32})
+          for (int threads : {256, 512})
+            out.push_back(lanes(vec, cols, threads, false, true, direction, stages));
     out.push_back(lanes(1, 16, 256, false, false, direction));
   }
-  return out;
+  // Odd or narrow head_dims make some vector widths coincide: keep each schedule once.
+  std::vector<Candidate> unique;
+  for (auto& c : out)
+    if (std::none_of(unique.begin(), unique.end(),
+                     [&](const Candidate& u) { return u.name == c.name; }))
+      unique.push_back(c);
+  return unique;
 }
 
 std::vector<int> choose(const std::vector<Candidate>& candidates,

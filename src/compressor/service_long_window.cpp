@@ -77,7 +77,8 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
 
 namespace {
 
-// Staged form: a 1-D block and dynamic shared memory; lanes form: (column lanes, window lanes).
+// Staged form: a 1-D block and dynamic shared memory; lanes form: (column lanes, window lanes)
+// and, for a backward with stages > 1, dynamic shared memory for its ring.
 // Both wait for the stream's previous kernel in pdl_enter() when launched programmatically.
 void set_block(launch::LaunchShape& shape, const PreparedBucket& b, bool programmatic) {
   shape.programmatic = programmatic;
@@ -87,6 +88,7 @@ void set_block(launch::LaunchShape& shape, const PreparedBucket& b, bool program
   } else {
     shape.block_x = static_cast<unsigned>(b.schedule.cols / b.schedule.vec);
     shape.block_y = static_cast<unsigned>(b.schedule.window_lanes());
+    shape.shared_bytes = static_cast<unsigned>(b.shared_bytes);  // the backward's ring
   }
 }
 

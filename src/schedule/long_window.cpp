@@ -7,9 +7,10 @@
 namespace csa::schedule {
 
 std::string LongWindowSchedule::describe() const {
-  return fmt::format("form={} vec={} cols={} threads={} serial={} fast_exp={} rows_per_cta={}",
-                     staged ? "staged" : "lanes", vec, cols, threads, serial ? 1 : 0,
-                     fast_exp ? 1 : 0, rows_per_cta);
+  return fmt::format(
+      "form={} vec={} cols={} threads={} serial={} fast_exp={} stages={} rows_per_cta={}",
+      staged ? "staged" : "lanes", vec, cols, threads, serial ? 1 : 0, fast_exp ? 1 : 0, stages,
+      rows_per_cta);
 }
 
 std::string LongWindowSchedule::template_args() const {
@@ -17,8 +18,11 @@ std::string LongWindowSchedule::template_args() const {
     return fmt::format("{},{},{},{},{}", vec, cols, threads, serial ? "true" : "false",
                        fast_exp ? "true" : "false");
   }
-  return fmt::format("{},{},{},{}{}", vec, cols / vec, window_lanes(),
-                     kernel_direction == Direction::kForward ? (serial ? "true," : "false,") : "",
+  if (kernel_direction == Direction::kBackward) {
+    return fmt::format("{},{},{},{},{}", vec, cols / vec, window_lanes(), stages,
+                       fast_exp ? "true" : "false");
+  }
+  return fmt::format("{},{},{},{},{}", vec, cols / vec, window_lanes(), serial ? "true" : "false",
                      fast_exp ? "true" : "false");
 }
 
@@ -28,8 +32,17 @@ std::string LongWindowSchedule::kernel_prefix(Direction direction) const {
 }
 
 int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
-  if (!s.staged) return 0;
   const int win = c.coff * c.ratio;
+  if (!s.staged) {
+    if (s.stages <= 1) return 0;
+    // LaneRing::STAGE_ELEMS: score and kv of (window + one pad row per lane) rows, grad_out.
+    const int rows = win + s.window_lanes();
+    const int stage_elems = (2 * rows * s.cols + s.cols + 7) / 8 * 8;
+    // LaneRing::APE_FLOATS: above 256 threads, each thread's ape values (C slots x vec).
+    const int lanes = s.window_lanes();
+    const int ape_floats = s.threads > 256 ? (win + lanes - 1) / lanes * s.vec * s.threads : 0;
+    return s.stages * stage_elems * 2 + ape_floats * 4;
+  }
   const int chunks = s.threads / s.cols;
   const int words = win * s.cols + 3 * chunks * s.cols + 4 * s.cols;
   return words * 4 + win * s.cols * 2;
@@ -67,6 +80,7 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // forward, 24 B backward per thread and column, plus the serial forward's window of e)
   // within 48 KB.
   if (direction == Direction::kBackward) s.serial = false;
+  if (direction == Direction::kForward) s.stages = 1;
   if (s.serial) s.fast_exp = false;
   const int win = c.coff * c.ratio;
   const int window_bytes = s.serial ? win * 4 : 0;  // per column
@@ -94,6 +108,16 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
       break;  // one column, 512 lanes: at most one value per thread for ratio <= 256
     }
   }
+  // The ring copies 16-byte chunks of 8 columns; its static shared memory (24 B per thread
+  // and column, above) and the ring share the arch's limit.
+  if (c.head_dim % 8 != 0 || s.cols < 8) s.stages = 1;
+  // With the ring, 512 threads get 64 registers (two CTAs per SM): room for 8 window values
+  // per thread (ptxas spills at 16).
+  if (s.stages > 1 && s.threads > 256 && values() > 8) s.stages = 1;
+  const int static_bytes = s.threads * s.vec * smem_per_value;
+  while (s.stages > 1 &&
+         static_bytes + long_window_shared_bytes(c, s) > shared_limit_for_arch(arch))
+    --s.stages;
   return s;
 }
 

@@ -21,6 +21,9 @@ struct LongWindowSchedule {
   bool serial = false;    // sums in slot order, bitwise to the fp32 reference (staged form, or
                           // the lanes form's forward)
   bool fast_exp = false;  // ex2.approx instead of expf (tolerance contract only)
+  // Lanes-form backward: rows of the window ring in shared memory (cp.async, STAGES - 1 rows
+  // ahead of the row computed); 1 loads each row straight into registers. Needs head_dim % 8.
+  int stages = 1;
   // Launch-only (editing it never invalidates a cubin).
   int rows_per_cta = 0;  // backward rows per CTA; 0: as many row groups as fill one wave
   // Set by fit_long_window: the lanes form's template arguments differ per direction.

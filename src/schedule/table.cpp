@@ -92,9 +92,9 @@ int arch_number(const std::string& arch, const Path& path) {
 
 Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
   if (direction == Direction::kBackward) {
-    reject_unknown(
-        b, path,
-        {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp", "rows_per_cta"});
+    reject_unknown(b, path,
+                   {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp", "stages",
+                    "rows_per_cta"});
   } else {
     reject_unknown(b, path, {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp"});
   }
@@ -127,6 +127,11 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
     (path / "serial").fail("the serial backward needs \"form\": \"staged\"");
   if (s.serial && !s.staged && s.fast_exp)
     (path / "fast_exp").fail("the serial order of the lanes form is exact: fast_exp must be false");
+  if (direction == Direction::kBackward && b.contains("stages")) {
+    s.stages = static_cast<int>(get_int(b, "stages", path, 1, 4));
+    if (s.staged && s.stages != 1)
+      (path / "stages").fail("the staged form has no ring: stages must be 1");
+  }
   if (direction == Direction::kBackward && b.contains("rows_per_cta"))
     s.rows_per_cta = static_cast<int>(get_int(b, "rows_per_cta", path, 0, 1 << 20));
   return out;
@@ -253,7 +258,10 @@ std::string to_json(const ScheduleTable& t) {
       jb["threads"] = b.schedule.threads;
       jb["serial"] = b.schedule.serial;
       jb["fast_exp"] = b.schedule.fast_exp;
-      if (e.direction == Direction::kBackward) jb["rows_per_cta"] = b.schedule.rows_per_cta;
+      if (e.direction == Direction::kBackward) {
+        jb["stages"] = b.schedule.stages;
+        jb["rows_per_cta"] = b.schedule.rows_per_cta;
+      }
       je["buckets"].push_back(jb);
     }
     doc["entries"].push_back(je);
