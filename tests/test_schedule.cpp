@@ -277,6 +277,32 @@ TEST(ScheduleTable, FittingKeepsEveryScheduleLaunchable) {
         }
 }
 
+TEST(ScheduleTable, TunedEntriesRunAsWritten) {
+  // Entries for one head_dim and one ratio (the tuned ones) name exactly what the loader runs:
+  // no bucket whose vector width, columns, threads or ring the fitting would change.
+  const auto set = schedule::ScheduleSet::embedded();
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
+    const auto* table = set.table_for(arch);
+    ASSERT_NE(table, nullptr) << arch;
+    for (std::size_t e = 0; e < table->entries.size(); ++e) {
+      const auto& entry = table->entries[e];
+      if (entry.head_dim_min != entry.head_dim_max || entry.ratio_min != entry.ratio_max) continue;
+      const Config c{entry.ratio_min, entry.head_dim_min, entry.coff};
+      for (std::size_t b = 0; b < entry.buckets.size(); ++b) {
+        const auto& written = entry.buckets[b].schedule;
+        const auto fitted = schedule::fit_long_window(c, written, arch, entry.direction);
+        EXPECT_EQ(fitted.vec, written.vec) << arch << " entries[" << e << "].buckets[" << b << "]";
+        EXPECT_EQ(fitted.cols, written.cols)
+            << arch << " entries[" << e << "].buckets[" << b << "]";
+        EXPECT_EQ(fitted.threads, written.threads)
+            << arch << " entries[" << e << "].buckets[" << b << "]";
+        EXPECT_EQ(fitted.stages, written.stages)
+            << arch << " entries[" << e << "].buckets[" << b << "]";
+      }
+    }
+  }
+}
+
 TEST(ScheduleTable, TheRingFitsTheHeadDimTheRegistersAndSharedMemory) {
   schedule::LongWindowSchedule s;
   s.vec = 1;

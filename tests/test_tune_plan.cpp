@@ -39,6 +39,44 @@ TEST(TunePlan, EveryCandidateIsAValidBucket) {
     }
 }
 
+TEST(TunePlan, CandidatesAreMeasuredAsTheLoaderRunsThem) {
+  // At ratio 128, coff 2 the loader raises "v1 c32 t256" to 512 threads (at most 16 window
+  // values a thread) and drops the ring of "v1 c32 t512 s2" (at most 8 at 512 threads): both
+  // run as "v1 c32 t512", which is measured once, under that name.
+  const Config c{128, 128, 2};
+  const auto candidates = tools::tune_candidates(c, Direction::kBackward);
+  RuntimeOptions options;
+  options.disk_cache = false;  // nothing is compiled here
+  std::vector<std::string> fitted;
+  for (const auto& cand : candidates) {
+    Runtime rt(options);
+    nlohmann::json b = cand.bucket;
+    b["max_rows"] = nullptr;
+    rt.set_schedule_table(
+        table_with(tools::make_entry(c, Direction::kBackward, nlohmann::json::array({b}))),
+        cand.name);
+    fitted.push_back(rt.select_schedule(c, Direction::kBackward, 1, "sm_90").schedule);
+  }
+  const auto run = tools::as_fitted(candidates, fitted, Direction::kBackward);
+  EXPECT_LT(run.size(), candidates.size());
+  auto count = [&](const std::string& name) {
+    return std::count_if(run.begin(), run.end(),
+                         [&](const Candidate& r) { return r.name == name; });
+  };
+  EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512"), 1);
+  EXPECT_EQ(count("lanes-chunked-fast v1 c32 t256"), 0);
+  EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512 s2"), 0);
+  EXPECT_EQ(count("lanes-chunked-fast v1 c16 t256 s2"), 1);
+  for (const auto& r : run) {
+    EXPECT_EQ(r.bucket["stages"].get<int>() > 1, r.name.find(" s2") != std::string::npos);
+    EXPECT_FALSE(r.bitwise);
+  }
+  EXPECT_EQ(count("lanes-chunked v1 c16 t256"), 1);  // the exact exp keeps its own name
+  // A fitted description that names no field keeps the candidate as it is.
+  EXPECT_EQ(tools::as_fitted({candidates[0]}, {""}, Direction::kBackward)[0].name,
+            candidates[0].name);
+}
+
 TEST(TunePlan, ChoosesTheFastestOrTheBitwiseOneWithinTheMargin) {
   std::vector<Candidate> c(3);
   c[0].name = "fast";

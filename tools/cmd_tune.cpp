@@ -97,14 +97,29 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
         o.direction != (dir == Direction::kForward ? "forward" : "backward"))
       continue;  // the table's entry of this direction stays as it is
     const char* dname = dir == Direction::kForward ? "forward" : "backward";
-    const auto candidates = tune_candidates(c, dir);
-    // One Runtime per candidate (its own table), sharing the disk cache; compile in parallel.
+    // The candidates as the loader fits them (each measured once, under the name it runs),
+    // then one Runtime per candidate (its own table), sharing the disk cache; compile in
+    // parallel.
+    std::vector<Candidate> candidates;
+    {
+      const auto all = tune_candidates(c, dir);
+      std::vector<std::string> fitted;
+      for (const auto& cand : all) {
+        Runtime probe(rt.options());
+        probe.set_schedule_table(candidate_table(arch, c, dir, cand), cand.name);
+        fitted.push_back(probe.select_schedule(c, dir, 1, arch).schedule);
+      }
+      candidates = as_fitted(all, fitted, dir);
+      if (candidates.size() < all.size())
+        fmt::print("{}: {} of {} candidates run as another one once fitted; measured once\n", dname,
+                   all.size() - candidates.size(), all.size());
+    }
     std::vector<std::unique_ptr<Runtime>> runtimes;
-    std::vector<std::string> failed(candidates.size());
     for (const auto& cand : candidates) {
       runtimes.push_back(std::make_unique<Runtime>(rt.options()));
       runtimes.back()->set_schedule_table(candidate_table(arch, c, dir, cand), cand.name);
     }
+    std::vector<std::string> failed(candidates.size());
     {
       std::vector<std::thread> threads;
       for (std::size_t i = 0; i < candidates.size(); ++i)

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <sstream>
 
 namespace csa::tools {
 
@@ -56,6 +58,36 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
                      [&](const Candidate& u) { return u.name == c.name; }))
       unique.push_back(c);
   return unique;
+}
+
+std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
+                                 const std::vector<std::string>& fitted, Direction direction) {
+  std::vector<Candidate> out;
+  for (std::size_t i = 0; i < candidates.size() && i < fitted.size(); ++i) {
+    std::map<std::string, std::string> field;
+    std::istringstream in(fitted[i]);
+    std::string item;
+    while (in >> item) {
+      const auto eq = item.find('=');
+      if (eq != std::string::npos) field[item.substr(0, eq)] = item.substr(eq + 1);
+    }
+    const auto number = [&](const char* key, int fallback) {
+      const auto it = field.find(key);
+      return it == field.end() ? fallback : std::stoi(it->second);
+    };
+    const nlohmann::json& b = candidates[i].bucket;
+    Candidate c = candidates[i];
+    if (b.value("form", "lanes") == "lanes") {
+      c = lanes(number("vec", b["vec"].get<int>()), number("cols", b["cols"].get<int>()),
+                number("threads", b["threads"].get<int>()),
+                number("serial", b["serial"].get<bool>() ? 1 : 0) != 0,
+                number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
+                number("stages", b.value("stages", 1)));
+    }
+    if (std::none_of(out.begin(), out.end(), [&](const Candidate& o) { return o.name == c.name; }))
+      out.push_back(c);
+  }
+  return out;
 }
 
 std::vector<int> choose(const std::vector<Candidate>& candidates,

@@ -23,6 +23,13 @@ struct Candidate {        // NOLINT(bugprone-exception-escape)
 
 std::vector<Candidate> tune_candidates(const Config& config, Direction direction);
 
+// The candidates as the loader runs them: each one's fields (and name) replaced by its fitted
+// schedule `fitted[i]` ("vec=1 cols=32 threads=512 ... stages=1", as Runtime::select_schedule
+// prints it), then the repeats dropped. A ring the loader drops, or threads it raises, is
+// neither measured twice nor written into the table under a name that does not run.
+std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
+                                 const std::vector<std::string>& fitted, Direction direction);
+
 struct Measurement {
   std::int64_t rows = 0;
   std::vector<double> micros;  // per candidate; negative: failed its correctness check
