@@ -11,6 +11,16 @@ namespace csa::tools {
 
 namespace {
 
+// Each name once, the first kept: names spell every schedule field.
+std::vector<Candidate> first_of_each_name(const std::vector<Candidate>& candidates) {
+  std::vector<Candidate> unique;
+  for (const auto& c : candidates)
+    if (std::none_of(unique.begin(), unique.end(),
+                     [&](const Candidate& u) { return u.name == c.name; }))
+      unique.push_back(c);
+  return unique;
+}
+
 Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d,
                 int stages = 1) {
   Candidate c;
@@ -52,12 +62,7 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
     out.push_back(lanes(1, 16, 256, false, false, direction));
   }
   // Odd or narrow head_dims make some vector widths coincide: keep each schedule once.
-  std::vector<Candidate> unique;
-  for (auto& c : out)
-    if (std::none_of(unique.begin(), unique.end(),
-                     [&](const Candidate& u) { return u.name == c.name; }))
-      unique.push_back(c);
-  return unique;
+  return first_of_each_name(out);
 }
 
 std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
@@ -84,10 +89,9 @@ std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
                 number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
                 number("stages", b.value("stages", 1)));
     }
-    if (std::none_of(out.begin(), out.end(), [&](const Candidate& o) { return o.name == c.name; }))
-      out.push_back(c);
+    out.push_back(c);
   }
-  return out;
+  return first_of_each_name(out);
 }
 
 std::vector<int> choose(const std::vector<Candidate>& candidates,

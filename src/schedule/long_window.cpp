@@ -35,11 +35,10 @@ int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
   const int win = c.coff * c.ratio;
   if (!s.staged) {
     if (s.stages <= 1) return 0;
-    // LaneRing::STAGE_ELEMS: score and kv of (window + one pad row per lane) rows, grad_out.
-    const int rows = win + s.window_lanes();
-    const int stage_elems = (2 * rows * s.cols + s.cols + 7) / 8 * 8;
-    // LaneRing::APE_FLOATS: above 256 threads, each thread's ape values (C slots x vec).
     const int lanes = s.window_lanes();
+    // LaneRing::STAGE_ELEMS: score and kv of (window + one pad row per lane) rows, grad_out.
+    const int stage_elems = (2 * (win + lanes) * s.cols + s.cols + 7) / 8 * 8;
+    // LaneRing::APE_FLOATS: above 256 threads, each thread's ape values (C slots x vec).
     const int ape_floats = s.threads > 256 ? (win + lanes - 1) / lanes * s.vec * s.threads : 0;
     return s.stages * stage_elems * 2 + ape_floats * 4;
   }
