@@ -247,8 +247,9 @@ __global__ void __launch_bounds__(TX* LANES, 1)
   constexpr int E_ROWS = SERIAL ? LW::WIN : 1;
   __shared__ float sm_m[LANES][COLS], sm_den[LANES][COLS], sm_acc[LANES][COLS];
   __shared__ float sm_e[E_ROWS][COLS];
-  const int row = blockIdx.x;
-  const int cv = blockIdx.y * TX + threadIdx.x;
+  const ForwardTile<(NCV + TX - 1) / TX> tile;
+  const int row = tile.row;
+  const int cv = tile.slice * TX + threadIdx.x;
   const int lane = threadIdx.y;
   const bool active = cv < NCV;
   const int col = cv * VEC;

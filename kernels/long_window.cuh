@@ -109,8 +109,9 @@ __global__ void __launch_bounds__(THREADS)
   using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS>;
   extern __shared__ __align__(16) float smem[];
   L sm(smem);
-  const int row = blockIdx.x;
-  const int col0 = blockIdx.y * COLS;
+  const ForwardTile<(HEAD_DIM + COLS - 1) / COLS> tile;
+  const int row = tile.row;
+  const int col0 = tile.slice * COLS;
   const int c = threadIdx.x % COLS;
   const int lane = threadIdx.x / COLS;
   const RowWindow w =

@@ -94,6 +94,18 @@ __device__ __forceinline__ void raw_to_f32(const typename RawBf16<VEC>::type& ra
   for (int i = 0; i < VEC; ++i) v[i] = bf16_to_f32(h[i]);
 }
 
+// The forward's flat grid: CTA b takes column slice b % SLICES of row b / SLICES, so the CTAs
+// resident together read adjacent slices of the same tokens (whole lines, open DRAM pages)
+// rather than one narrow slice of many rows' windows.
+// NOTE: rows * SLICES < 2^31 because rows * head_dim < 2^31 (host validation).
+template <int SLICES>
+struct ForwardTile {
+  int row;
+  int slice;
+  __device__ __forceinline__ ForwardTile()
+      : row(static_cast<int>(blockIdx.x / SLICES)), slice(static_cast<int>(blockIdx.x % SLICES)) {}
+};
+
 // 16-byte asynchronous copies global -> shared (sm_80+), bypassing L1. When `!valid` the 16
 // bytes are zero-filled and nothing is read (`src` must still be a mapped address).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {

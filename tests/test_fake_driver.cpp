@@ -295,8 +295,12 @@ TEST_F(FakeDriver, LongWindowGridCoversEveryRowAndColumnSlice) {
   rt.service.forward(forward_args(kLong), kStream, Family::kAuto);
   std::lock_guard<std::mutex> lock(state().mutex);
   ASSERT_EQ(state().last_grid.size(), 4u);
-  EXPECT_EQ(state().last_grid[0], 8192u / 128u);                      // one CTA per output row
-  const unsigned cols = state().last_grid[1] * state().last_grid[2];  // slices x column lanes
+  // One flat dimension: every output row times every column slice.
+  constexpr unsigned kRows = 8192u / 128u;
+  EXPECT_EQ(state().last_grid[1], 1u);
+  ASSERT_EQ(state().last_grid[0] % kRows, 0u);
+  const unsigned slices = state().last_grid[0] / kRows;
+  const unsigned cols = slices * state().last_grid[2];  // slices x column lanes
   EXPECT_GE(cols * 2, 64u);  // vec 1 or 2 columns per lane cover head_dim 64
 }
 

@@ -44,7 +44,7 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
   const int wide = config.head_dim % 4 == 0 ? 4 : (config.head_dim % 2 == 0 ? 2 : 1);
   const int narrow = config.head_dim % 2 == 0 ? 2 : 1;
   if (direction == Direction::kForward) {
-    for (int cols : {32, 64, 128})
+    for (int cols : {16, 32, 64, 128})
       for (int threads : {256, 512})
         out.push_back(lanes(narrow, cols, threads, false, true, direction));
     out.push_back(lanes(wide, 128, 512, false, true, direction));

@@ -106,8 +106,10 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   fill_inputs(params, a);
   params.out = static_cast<csa_u16*>(a.out);
   launch::LaunchShape shape;
-  shape.grid_x = static_cast<unsigned>(a.total_comp);
-  shape.grid_y = static_cast<unsigned>((a.config.head_dim + b.schedule.cols - 1) / b.schedule.cols);
+  // One flat dimension, column slices fastest (kernels' ForwardTile).
+  // NOTE: total_comp * slices < 2^31: validation keeps total_comp * head_dim below it.
+  const std::int64_t slices = (a.config.head_dim + b.schedule.cols - 1) / b.schedule.cols;
+  shape.grid_x = static_cast<unsigned>(a.total_comp * slices);
   set_block(shape, b, p.programmatic);
   launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
 }
