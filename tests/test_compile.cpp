@@ -1,6 +1,6 @@
 // NVRTC compiles every shipped configuration (short- and long-window, every bucket kernel) for
-// sm_80, sm_90 and sm_100 with no spills and no local memory; compile failures carry the log and
-// the options.
+// sm_80, sm_90 and sm_100, and every `csa tune` candidate for sm_90, with no spills and no local
+// memory; compile failures carry the log and the options.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,6 +11,7 @@
 #include "compressor/kernel_sources.hpp"
 #include "nvrtc/compiler.hpp"
 #include "test_util.hpp"
+#include "tune_plan.hpp"
 
 namespace csa::test {
 namespace {
@@ -78,6 +79,36 @@ TEST(NvrtcCompile, EveryShippedConfigurationWithoutLocalMemory) {
   for (auto& t : threads) t.join();
   for (const auto& f : failures) ADD_FAILURE() << f;
   std::printf("compiled %zu modules, max %d registers per thread\n", jobs.size(), max_registers);
+}
+
+// Every schedule `csa tune` measures on an sm_90 device (as the loader fits it) compiles with no
+// spills and no local memory, so a tuning run cannot write a table whose kernels spill.
+TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
+  for (const Config c :
+       {Config{128, 128, 1}, Config{128, 128, 2}, Config{128, 512, 1}, Config{128, 512, 2}}) {
+    nlohmann::json entries = nlohmann::json::array();
+    for (const Direction d : {Direction::kForward, Direction::kBackward}) {
+      nlohmann::json buckets = nlohmann::json::array();
+      const auto candidates = tools::tune_candidates(c, d);
+      for (std::size_t i = 0; i < candidates.size(); ++i) {
+        nlohmann::json b = candidates[i].bucket;
+        b["max_rows"] = i + 1 < candidates.size() ? nlohmann::json(i + 1) : nlohmann::json(nullptr);
+        buckets.push_back(b);
+      }
+      entries.push_back(tools::make_entry(c, d, buckets));
+    }
+    const nlohmann::json table = {{"schema_version", 1}, {"arch", "sm_90"}, {"entries", entries}};
+    RuntimeOptions o;
+    o.disk_cache = false;
+    Runtime rt(o);
+    rt.set_schedule_table(table.dump(), "tuner candidates");
+    const std::string what =
+        fmt::format("ratio={} coff={} head_dim={}", c.ratio, c.coff, c.head_dim);
+    const PrewarmReport r = rt.compile_for_arch(c, "sm_90");
+    EXPECT_EQ(r.spill_bytes, 0) << what << "\n" << r.ptxas_log;
+    EXPECT_EQ(r.stack_bytes, 0) << what << "\n" << r.ptxas_log;
+    EXPECT_EQ(r.ptxas_log.find("warning"), std::string::npos) << what << "\n" << r.ptxas_log;
+  }
 }
 
 TEST(NvrtcCompile, ReferenceFamilyCompiles) {
