@@ -243,7 +243,8 @@ struct RowWindow {
   int t0;       // first token of the row's own block
   int seg_end;  // one past the segment's last token (clamped)
   bool first;
-  bool last;  // the segment's last block: owns the zero-writes of its tail
+  bool last;     // the segment's last block: owns the zero-writes of its tail
+  bool padding;  // at or past the last segment's rows (cuc[B]): no window of its own
 };
 
 // NOTE: offsets are device data the host cannot check; every derived token index is clamped
@@ -256,6 +257,7 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
   w.seg_end = 0;
   w.first = true;
   w.last = false;
+  w.padding = true;
   if (num_segments <= 0) return w;  // no segments: every row is a padding row
   // A row at or past cuc[B] is a padding row: the search then ends at the last segment with
   // row >= cuc[s + 1]. Deciding it from the segment's own offsets keeps one dependent load
@@ -282,6 +284,7 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
   w.t0 = padding
              ? 0
              : static_cast<int>(min(max(t0, static_cast<unsigned>(lo)), static_cast<unsigned>(hi)));
+  w.padding = padding;
   w.first = padding || block == 0;
   w.last = !padding && row + 1 >= c1;
   w.seg_end = padding ? 0 : min(max(cu1, 0), total_tokens);

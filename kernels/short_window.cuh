@@ -123,7 +123,9 @@ __global__ void __launch_bounds__(TX* TY)
   const int cv = blockIdx.x * TX + tx;
   const bool active = cv < NCV;
   const int col = cv * VEC;
-  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
+  // Loaded up front: its round trip overlaps the rows' instead of adding one at the end.
+  const int used =
+      p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
 
   float dape_prev[NPREV][VEC];
   float dape_own[RATIO][VEC];
@@ -138,10 +140,13 @@ __global__ void __launch_bounds__(TX* TY)
   if (active) {
     const long long row_begin = static_cast<long long>(blockIdx.y) * p.rows_per_cta;
     const int row_end = static_cast<int>(
-        row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
+        row_begin + p.rows_per_cta < p.total_comp ? row_begin + p.rows_per_cta : p.total_comp);
     for (int row = static_cast<int>(row_begin) + ty; row < row_end; row += TY) {
+      // Padding rows (gradients ignored) are told apart by locate_row from the segment's own
+      // offsets, as in the forward: no load of cuc[B] ahead of the window's loads.
       const RowWindow w =
           locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+      if (w.padding) continue;
       const bool use_prev = COFF == 2 && !w.first;
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
@@ -216,48 +221,49 @@ __global__ void __launch_bounds__(TX* TY)
       for (int t = t_begin + ty; t < t_end; t += TY)
         zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
     }
-    const int used =
-        p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
     for (long long t = used + static_cast<long long>(blockIdx.y) * TY + ty; t < p.total_tokens;
          t += static_cast<long long>(groups) * TY)
       zero_token<COFF, HEAD_DIM, VEC>(p, static_cast<int>(t), col, true);
   }
 
-  // grad_ape: fold the TY row lanes in fixed order, then one atomic (or one partial) per
-  // (slot, column) per CTA.
+  // grad_ape: every thread parks its partials in shared memory; then each thread folds a few
+  // (slot, column) elements over the TY row lanes in lane order (fixed, so bitwise stable) and
+  // writes one partial (or one atomic) per element, consecutive threads on consecutive floats.
+  constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
+  constexpr int ROW_FLOATS = TX * VEC;  // one slot's columns in this CTA
   if constexpr (TY > 1) {
-    constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
-    __shared__ float fold[TY - 1][SLOTS * VEC][TX];
-    if (ty > 0) {
+    __shared__ float fold[TY][SLOTS][ROW_FLOATS];
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        if constexpr (COFF == 2) {
+    for (int v = 0; v < VEC; ++v) {
+      if constexpr (COFF == 2) {
 #pragma unroll
-          for (int k = 0; k < RATIO; ++k) fold[ty - 1][k * VEC + v][tx] = dape_prev[k][v];
-        }
-#pragma unroll
-        for (int k = 0; k < RATIO; ++k)
-          fold[ty - 1][(SLOTS - RATIO + k) * VEC + v][tx] = dape_own[k][v];
+        for (int k = 0; k < RATIO; ++k) fold[ty][k][tx * VEC + v] = dape_prev[k][v];
       }
+#pragma unroll
+      for (int k = 0; k < RATIO; ++k) fold[ty][SLOTS - RATIO + k][tx * VEC + v] = dape_own[k][v];
     }
     __syncthreads();
-    if (ty == 0) {
-      for (int y = 0; y < TY - 1; ++y) {
+    float* dst =
+        FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
+    const int col0 = blockIdx.x * ROW_FLOATS;
+    for (int e = ty * TX + tx; e < SLOTS * ROW_FLOATS; e += TX * TY) {
+      const int slot = e / ROW_FLOATS;
+      const int c = e - slot * ROW_FLOATS;
+      if (col0 + c >= HEAD_DIM) continue;
+      float sum = fold[0][slot][c];
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          if constexpr (COFF == 2) {
-#pragma unroll
-            for (int k = 0; k < RATIO; ++k)
-              dape_prev[k][v] = __fadd_rn(dape_prev[k][v], fold[y][k * VEC + v][tx]);
-          }
-#pragma unroll
-          for (int k = 0; k < RATIO; ++k)
-            dape_own[k][v] = __fadd_rn(dape_own[k][v], fold[y][(SLOTS - RATIO + k) * VEC + v][tx]);
-        }
+      for (int y = 1; y < TY; ++y) sum = __fadd_rn(sum, fold[y][slot][c]);
+      // Slots [0, RATIO) of coff 2 are the previous half (columns [0, d)), the rest the own half.
+      const int idx = (slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c;
+      if (FIXED_ORDER) {
+        dst[idx] = sum;
+      } else {
+        atomicAdd(dst + idx, sum);
       }
     }
+    return;
   }
-  if (ty != 0 || !active) return;
+  if (!active) return;
   float* dst =
       FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
 #pragma unroll

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "api/runtime_impl.hpp"
+#include "schedule/short_window.hpp"
 
 namespace csa::test {
 namespace {
@@ -302,6 +303,28 @@ TEST_F(FakeDriver, LongWindowGridCoversEveryRowAndColumnSlice) {
   const unsigned slices = state().last_grid[0] / kRows;
   const unsigned cols = slices * state().last_grid[2];  // slices x column lanes
   EXPECT_GE(cols * 2, 64u);  // vec 1 or 2 columns per lane cover head_dim 64
+}
+
+TEST_F(FakeDriver, ShortWindowForwardGridCoversEveryRowVector) {
+  FakeRuntime rt;
+  const auto s = schedule::select_short_window(kShort);
+  // A small call runs the narrow forward in its small CTAs; a large one the wide forward.
+  for (const std::int64_t tokens : {std::int64_t{8192}, std::int64_t{65536}}) {
+    ForwardArgs a = forward_args(kShort);
+    a.total_tokens = tokens;
+    a.total_comp = tokens / kShort.ratio;
+    const auto choice = schedule::forward_choice(s, kShort, a.total_comp);
+    EXPECT_EQ(choice.wide, tokens == 65536);
+    rt.service.forward(a, kStream, Family::kAuto);
+    std::lock_guard<std::mutex> lock(state().mutex);
+    ASSERT_EQ(state().last_grid.size(), 4u);
+    EXPECT_EQ(state().last_grid[2], static_cast<unsigned>(choice.threads));
+    EXPECT_EQ(state().last_grid[1], 1u);
+    const std::int64_t vectors = a.total_comp * kShort.head_dim / choice.vec;
+    const std::int64_t threads = std::int64_t{state().last_grid[0]} * state().last_grid[2];
+    EXPECT_GE(threads, vectors);
+    EXPECT_LT(threads - vectors, choice.threads) << "one CTA too many";
+  }
 }
 
 TEST_F(FakeDriver, ManyThreadsShareOnePreparedRecordPerConfiguration) {

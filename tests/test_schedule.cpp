@@ -26,15 +26,25 @@ TEST(ShortWindowSchedule, ReductionLanesFollowTheMeasuredRuleAndCanBeOverridden)
 }
 
 TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
-  const auto s = schedule::select_short_window({4, 512, 2});
-  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, 1024), 2);
-  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, 6144), 4);
-  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, s.forward_wide_min_elements / 512 - 1), 2);
-  EXPECT_EQ(schedule::forward_vec_for(s, {4, 512, 2}, s.forward_wide_min_elements / 512 + 1), 4);
+  const Config c{4, 512, 2};
+  const auto s = schedule::select_short_window(c);
+  EXPECT_EQ(schedule::forward_choice(s, c, 1024).vec, 2);
+  EXPECT_EQ(schedule::forward_choice(s, c, 6144).vec, 4);
+  const auto below = schedule::forward_choice(s, c, s.forward_wide_min_elements / 512 - 1);
+  const auto above = schedule::forward_choice(s, c, s.forward_wide_min_elements / 512 + 1);
+  EXPECT_FALSE(below.wide);
+  EXPECT_EQ(below.vec, 2);
+  EXPECT_EQ(below.threads, s.forward_narrow_threads);
+  EXPECT_TRUE(above.wide);
+  EXPECT_EQ(above.vec, 4);
+  EXPECT_EQ(above.threads, s.forward_threads);
   const auto odd = schedule::select_short_window({4, 65, 2});
-  EXPECT_EQ(schedule::forward_vec_for(odd, {4, 65, 2}, 1 << 20), 1);
+  EXPECT_EQ(schedule::forward_choice(odd, {4, 65, 2}, 1 << 20).vec, 1);
   const auto two = schedule::select_short_window({4, 6, 2});  // 6 % 4 != 0
-  EXPECT_EQ(schedule::forward_vec_for(two, {4, 6, 2}, 1 << 20), 2);
+  EXPECT_EQ(schedule::forward_choice(two, {4, 6, 2}, 1 << 20).vec, 2);
+  // Small CTAs for the narrow forward only.
+  EXPECT_EQ(schedule::select_short_window(c, std::string("fnt=256")).forward_narrow_threads, 256);
+  EXPECT_THROW(schedule::select_short_window(c, std::string("fnt=16")), Error);
 }
 
 TEST(ShortWindowSchedule, BlocksStayWithinLimits) {

@@ -44,7 +44,7 @@ ModuleSpec make_module_spec(const Config& c, Family family, const schedule::Shor
     req.source = "#include \"short_window.cuh\"\n#include \"ape_reduce.cuh\"\n";
     const std::string shape = fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim);
     req.name_expressions = {fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape,
-                                        s.forward_vec, s.forward_threads),
+                                        s.forward_vec, s.forward_narrow_threads),
                             fmt::format("csa_kernel::short_window_backward<{},{},{},{},true>",
                                         shape, s.backward_vec, s.backward_tx, s.backward_ty),
                             fmt::format("csa_kernel::short_window_backward<{},{},{},{},false>",

@@ -364,12 +364,12 @@ void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream s
                    "reference forward launch");
     return;
   }
-  const int vec = schedule::forward_vec_for(p.schedule, a.config, a.total_comp);
-  const int ncv = a.config.head_dim / vec;
-  shape.block_x = static_cast<unsigned>(p.schedule.forward_threads);
+  const auto choice = schedule::forward_choice(p.schedule, a.config, a.total_comp);
+  const int ncv = a.config.head_dim / choice.vec;
+  shape.block_x = static_cast<unsigned>(choice.threads);
   shape.programmatic = p.programmatic;
   shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
-  const int slot = vec == p.schedule.forward_vec ? kSwForward : kSwForwardWide;
+  const int slot = choice.wide ? kSwForwardWide : kSwForward;
   launch::launch(driver(), p.kernel(slot), shape, params, stream, "forward launch");
 }
 

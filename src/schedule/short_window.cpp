@@ -8,9 +8,10 @@
 namespace csa::schedule {
 
 std::string ShortWindowSchedule::describe() const {
-  return fmt::format("fv={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={}", forward_vec,
-                     forward_wide_vec, forward_wide_min_elements, forward_threads, backward_vec,
-                     backward_tx, backward_ty, reduce_lanes, fixed_order_default ? 1 : 0);
+  return fmt::format("fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={}",
+                     forward_vec, forward_narrow_threads, forward_wide_vec,
+                     forward_wide_min_elements, forward_threads, backward_vec, backward_tx,
+                     backward_ty, reduce_lanes, fixed_order_default ? 1 : 0);
 }
 
 bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
@@ -43,6 +44,8 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
     }
     if (key == "fv")
       s.forward_vec = value;
+    else if (key == "fnt")
+      s.forward_narrow_threads = value;
     else if (key == "fwv")
       s.forward_wide_vec = value;
     else if (key == "fwmin")
@@ -76,8 +79,9 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
          "16 or 32, not {}",
          s.reduce_lanes);
   }
-  if (s.forward_threads < 32 || s.forward_threads > 1024 || s.backward_tx < 1 ||
-      s.backward_ty < 1 || s.backward_tx * s.backward_ty > 1024) {
+  if (s.forward_threads < 32 || s.forward_threads > 1024 || s.forward_narrow_threads < 32 ||
+      s.forward_narrow_threads > 1024 || s.backward_tx < 1 || s.backward_ty < 1 ||
+      s.backward_tx * s.backward_ty > 1024) {
     fail(Status::kInvalidArgument, "schedule override: block shape out of range ({})",
          s.describe());
   }
@@ -92,6 +96,10 @@ ShortWindowSchedule select_short_window(const Config& c,
   const int window = c.coff * c.ratio;
   s.forward_vec = even ? 2 : 1;
   s.forward_wide_vec = c.head_dim % 4 == 0 ? 4 : s.forward_vec;
+  // Threads per CTA, H200 kernel us (256 -> 128 for both forwards): the narrow forward
+  // 4,2,512,1x4096 7.93 -> 7.82, 2,2,128,1x8192 4.69 -> 4.64, none slower; the wide one
+  // 4,2,512,1x8192 13.20 -> 13.90 and 4,2,128,3x8192 10.55 -> 11.00, so it keeps 256.
+  s.forward_narrow_threads = 128;
   s.forward_threads = 256;
   // Backward keeps e, kv and grad_ape partials per slot: narrow vectors for wide windows.
   s.backward_vec = (even && window <= 16) ? 2 : 1;
@@ -125,9 +133,13 @@ int resident_ctas(const SmLimits& sm, int threads, int registers, int shared_byt
   return std::max(ctas, 1);
 }
 
-int forward_vec_for(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp) {
-  return total_comp * c.head_dim >= s.forward_wide_min_elements ? s.forward_wide_vec
-                                                                : s.forward_vec;
+ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& c,
+                             std::int64_t total_comp) {
+  ForwardChoice f;
+  f.wide = total_comp * c.head_dim >= s.forward_wide_min_elements;
+  f.vec = f.wide ? s.forward_wide_vec : s.forward_vec;
+  f.threads = f.wide ? s.forward_threads : s.forward_narrow_threads;
+  return f;
 }
 
 BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp,

@@ -14,11 +14,13 @@ namespace csa::schedule {
 inline constexpr int kShortWindowMaxRatio = 16;
 
 struct ShortWindowSchedule {
-  int forward_vec = 2;        // bf16 columns per thread (1 for odd head_dim)
-  int forward_threads = 256;  // threads per CTA, one (row, vector) each
-  // Large calls (total_comp * head_dim >= forward_wide_min_elements) use wider vectors: fewer
-  // threads, less per-row overhead. Small calls keep more threads in flight.
+  // Small calls (total_comp * head_dim < forward_wide_min_elements) run the narrow forward:
+  // more threads in flight, in small CTAs. Large calls run the wide one: wider vectors, fewer
+  // threads, less per-row overhead.
+  int forward_vec = 2;               // bf16 columns per thread (1 for odd head_dim)
+  int forward_narrow_threads = 128;  // threads per CTA of the narrow forward
   int forward_wide_vec = 2;
+  int forward_threads = 256;  // threads per CTA of the wide forward, one (row, vector) each
   std::int64_t forward_wide_min_elements = 600000;
   int backward_vec = 2;
   int backward_tx = 64;  // threads along column vectors
@@ -30,12 +32,18 @@ struct ShortWindowSchedule {
   bool operator==(const ShortWindowSchedule& o) const;
 };
 
-// The forward vector width for a call with `total_comp` rows.
-int forward_vec_for(const ShortWindowSchedule& s, const Config& config, std::int64_t total_comp);
+// Which forward kernel a call with `total_comp` rows runs, and its launch shape.
+struct ForwardChoice {
+  bool wide = false;
+  int vec = 1;
+  int threads = 256;
+};
+ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& config,
+                             std::int64_t total_comp);
 
-// `override_spec`: "fv=4,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1" fields replace the
-// rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument) on a bad
-// field.
+// `override_spec`: "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1,rl=16"
+// fields replace the rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws
+// Error(kInvalidArgument) on a bad field.
 ShortWindowSchedule select_short_window(const Config& config,
                                         const std::optional<std::string>& override_spec = {});
 
