@@ -21,6 +21,7 @@ struct FakeState {
   std::atomic<int> launches{0};
   std::atomic<int> allocations{0};
   std::atomic<int> attribute_queries{0};
+  std::atomic<int> context_id_queries{0};
   std::atomic<int> current_device{0};  // device 0: sm_90, 132 SMs; device 1: sm_80, 108 SMs
   std::mutex mutex;
   std::vector<unsigned> last_grid;           // x, y, block x, block y of the last launch
@@ -118,11 +119,17 @@ CUresult CUDAAPI fake_get_id(unsigned long long* id) {
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_ctx_get_id(CUcontext ctx, unsigned long long* id) {
+  ++state().context_id_queries;
   *id = reinterpret_cast<std::uintptr_t>(ctx);
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_stream_get_id(CUstream, unsigned long long* id) {
-  return fake_get_id(id);
+// A stream's id: its handle for the handles tests create; the special handles get one id,
+// whatever the context (the worst case for the workspace key).
+CUresult CUDAAPI fake_stream_get_id(CUstream stream, unsigned long long* id) {
+  const auto handle = reinterpret_cast<std::uintptr_t>(stream);
+  if (handle <= 2) return fake_get_id(id);
+  *id = handle;
+  return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_mem_alloc_async(CUdeviceptr* ptr, std::size_t, CUstream) {
   ++state().allocations;
@@ -230,6 +237,7 @@ class FakeDriver : public ::testing::Test {
     state().launches = 0;
     state().allocations = 0;
     state().attribute_queries = 0;
+    state().context_id_queries = 0;
     state().current_device = 0;
     std::lock_guard<std::mutex> lock(state().mutex);
     state().grids.clear();
@@ -277,6 +285,29 @@ TEST_F(FakeDriver, WarmConfigurationLaunchesUnderCaptureWithoutPreparingAgain) {
     EXPECT_EQ(state().launches, 5);
     EXPECT_EQ(state().allocations, 1) << "graph-owned grad_ape workspace";
     EXPECT_EQ(state().library_loads, 1) << "a warm call prepared again";
+  }
+}
+
+TEST_F(FakeDriver, BackwardWorkspaceIsKeptPerStreamAndContext) {
+  for (const Config& c : {kShort, kLong}) {
+    SetUp();
+    FakeRuntime rt;
+    rt.service.prewarm(c, 0, Family::kAuto);
+    rt.service.prewarm(c, 1, Family::kAuto);
+    auto* const other = reinterpret_cast<CUstream>(0x6000);
+    // Application streams: one workspace each, found again by the stream's id alone.
+    for (int i = 0; i < 3; ++i) rt.service.backward(backward_args(c), kStream, Family::kAuto);
+    EXPECT_EQ(state().allocations, 1);
+    rt.service.backward(backward_args(c), other, Family::kAuto);
+    EXPECT_EQ(state().allocations, 2);
+    EXPECT_EQ(state().context_id_queries, 0) << "an application stream needs no context id";
+    // The NULL stream exists once per context: one workspace per context.
+    for (int i = 0; i < 2; ++i) rt.service.backward(backward_args(c), nullptr, Family::kAuto);
+    EXPECT_EQ(state().allocations, 3);
+    state().current_device = 1;
+    rt.service.backward(backward_args(c), nullptr, Family::kAuto);
+    EXPECT_EQ(state().allocations, 4) << "device 1's NULL stream shared device 0's workspace";
+    EXPECT_EQ(state().context_id_queries, 3);
   }
 }
 

@@ -285,6 +285,43 @@ Path empty_kernel_path(csa::Runtime& rt, csa::Stream stream) {
           1};
 }
 
+// The driver queries a warm backward call makes besides its launches (current context and
+// device, capture status, the stream's and context's ids for the grad_ape workspace): ns per
+// query, median of 31 rounds of 1000. On virtual machines they are not free.
+nlohmann::json bench_driver_queries(csa::Runtime& rt, csa::Stream stream) {
+  const auto& d = rt.impl().loader.get();
+  const auto& api = d.api();
+  auto s = reinterpret_cast<CUstream>(stream);
+  CUcontext ctx = nullptr;
+  d.check(api.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  const std::vector<std::pair<const char*, std::function<void()>>> queries = {
+      {"cuCtxGetCurrent", [&] { CUcontext c = nullptr; d.check(api.cuCtxGetCurrent(&c), "q"); }},
+      {"cuCtxGetDevice", [&] { CUdevice v = 0; d.check(api.cuCtxGetDevice(&v), "q"); }},
+      {"cuCtxGetId", [&] { unsigned long long id = 0; d.check(api.cuCtxGetId(ctx, &id), "q"); }},
+      {"cuStreamIsCapturing",
+       [&] {
+         CUstreamCaptureStatus st{};
+         d.check(api.cuStreamIsCapturing(s, &st), "q");
+       }},
+      {"cuStreamGetId",
+       [&] { unsigned long long id = 0; d.check(api.cuStreamGetId(s, &id), "q"); }}};
+  std::vector<std::vector<double>> ns(queries.size());
+  for (int round = 0; round < 31; ++round)
+    for (std::size_t i = 0; i < queries.size(); ++i) {
+      const auto t0 = Clock::now();
+      for (int c = 0; c < 1000; ++c) queries[i].second();
+      ns[i].push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / 1000);
+    }
+  nlohmann::json out = nlohmann::json::object();
+  fmt::print("driver query ns per call (median of 31 x 1000):");
+  for (std::size_t i = 0; i < queries.size(); ++i) {
+    out[queries[i].first] = median(ns[i]);
+    fmt::print(" {} {:.0f};", queries[i].first, median(ns[i]));
+  }
+  fmt::print("\n");
+  return out;
+}
+
 nlohmann::json bench_graph(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
                            const char* pack) {
   const csa::tools::DeviceInputs prob(rt,
@@ -346,6 +383,7 @@ int main(int argc, char** argv) try {
        {std::pair{csa::Config{4, 128, 2}, "1x8192"}, std::pair{csa::Config{128, 512, 1}, "1x4096"}})
     for (auto& row : bench_config(rt, stream.get(), config, pack, empty))
       report["host"].push_back(row);
+  report["driver_queries_ns"] = bench_driver_queries(rt, stream.get());
   report["graph"] = bench_graph(rt, stream.get(), {4, 128, 2}, "1x8192");
   if (argc > 1) {
     std::ofstream(argv[1]) << report.dump(2) << "\n";

@@ -106,12 +106,18 @@ Service::~Service() {
 CUdeviceptr Service::stream_workspace(CUstream stream, std::size_t bytes) {
   driver::Driver& d = loader_.get();
   if (launch::is_capturing(d, stream)) return 0;
-  CUcontext ctx = nullptr;
-  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
-  unsigned long long context_id = 0;
   unsigned long long stream_id = 0;
-  d.check(d.api().cuCtxGetId(ctx, &context_id), "cuCtxGetId");
   d.check(d.api().cuStreamGetId(stream, &stream_id), "cuStreamGetId");
+  // The driver documents a stream's id as unique for the life of the process, so a stream the
+  // application created needs nothing else (a recycled handle has a new id). The special
+  // handles (the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) exist once per context:
+  // only they are told apart by the context's id too, which costs two more driver queries.
+  unsigned long long context_id = 0;
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
+    CUcontext ctx = nullptr;
+    d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+    d.check(d.api().cuCtxGetId(ctx, &context_id), "cuCtxGetId");
+  }
   std::lock_guard<std::mutex> lock(workspace_mutex_);
   auto it = std::find_if(workspaces_.begin(), workspaces_.end(), [&](const StreamWorkspace& w) {
     return w.context_id == context_id && w.stream_id == stream_id;

@@ -125,6 +125,7 @@ class Service {
   // NOTE: keyed by the driver's unique context and stream ids, never by handle values, which
   // can be reused after a stream is destroyed while its work is still running.
   struct StreamWorkspace {
+    // 0 for an application-created stream: its id is unique for the life of the process.
     unsigned long long context_id = 0;
     unsigned long long stream_id = 0;
     CUdeviceptr ptr = 0;
