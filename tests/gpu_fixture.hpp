@@ -7,6 +7,7 @@
 
 #include <future>
 
+#include "bench_data.hpp"
 #include "csa/device.hpp"
 #include "test_util.hpp"
 
@@ -32,69 +33,34 @@ inline const std::vector<Pack>& packs() {
 constexpr std::int64_t kExtraRows = 8;
 constexpr std::int64_t kExtraTokens = 21;
 
+// The test problem as the benchmark's host inputs (same tensors and capacities), so that the
+// device buffers and the call arguments over them come from one place (tools/bench_data).
+inline tools::HostInputs host_inputs(const Problem& p) {
+  tools::HostInputs h;
+  h.config = p.config;
+  h.cu = p.cu;
+  h.cuc = p.cuc;
+  h.total_tokens = p.total_tokens;
+  h.total_comp = p.total_comp;
+  h.kv = p.kv;
+  h.score = p.score;
+  h.grad_out = p.grad_out;
+  h.ape = p.ape;
+  return h;
+}
+
 // A problem on the device. Output buffers are poisoned before each run.
 struct DeviceProblem {
-  explicit DeviceProblem(const Problem& p)
-      : host(p),
-        kv(*g_runtime, bytes16(p.token_elems())),
-        score(*g_runtime, bytes16(p.token_elems())),
-        ape(*g_runtime, p.ape.size() * 4),
-        cu(*g_runtime, p.cu.size() * 4),
-        cuc(*g_runtime, p.cuc.size() * 4),
-        out(*g_runtime, bytes16(p.comp_elems())),
-        grad_out(*g_runtime, bytes16(p.comp_elems())),
-        grad_kv(*g_runtime, bytes16(p.token_elems())),
-        grad_score(*g_runtime, bytes16(p.token_elems())),
-        grad_ape(*g_runtime, p.ape.size() * 4) {
-    kv.upload(p.kv.data(), kv.size());
-    score.upload(p.score.data(), score.size());
-    ape.upload(p.ape.data(), ape.size());
-    cu.upload(p.cu.data(), cu.size());
-    cuc.upload(p.cuc.data(), cuc.size());
-    grad_out.upload(p.grad_out.data(), grad_out.size());
-  }
-  static std::size_t bytes16(std::int64_t n) { return static_cast<std::size_t>(n) * 2; }
+  explicit DeviceProblem(const Problem& p) : host(p), device(*g_runtime, host_inputs(p)) {}
 
-  ForwardArgs forward_args() const {
-    ForwardArgs a;
-    a.kv = kv.get();
-    a.score = score.get();
-    a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
-    a.out = out.get();
-    a.total_tokens = host.total_tokens;
-    a.num_segments = host.segments();
-    a.total_comp = host.total_comp;
-    a.config = host.config;
-    return a;
-  }
-  BackwardArgs backward_args(std::uint32_t flags) const {
-    BackwardArgs a;
-    a.kv = kv.get();
-    a.score = score.get();
-    a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
-    a.grad_out = grad_out.get();
-    a.grad_kv = grad_kv.get();
-    a.grad_score = grad_score.get();
-    a.grad_ape = grad_ape.as<float>();
-    a.total_tokens = host.total_tokens;
-    a.num_segments = host.segments();
-    a.total_comp = host.total_comp;
-    a.config = host.config;
-    a.flags = flags;
-    return a;
-  }
+  ForwardArgs forward_args() const { return device.forward(); }
+  BackwardArgs backward_args(std::uint32_t flags) const { return device.backward(flags); }
 
   std::vector<std::uint16_t> forward(Family family) {
-    out.fill(0xff);
+    device.out.fill(0xff);
     g_runtime->forward(forward_args(), nullptr, family);
     device::synchronize(*g_runtime, nullptr);
-    std::vector<std::uint16_t> h(static_cast<std::size_t>(host.comp_elems()));
-    out.download(h.data(), out.size());
-    return h;
+    return tools::DeviceInputs::download16(device.out);
   }
 
   struct Grads {
@@ -104,23 +70,21 @@ struct DeviceProblem {
   // `poison`: byte written to grad_kv / grad_score first; `ape_preset`: grad_ape before the call.
   Grads backward(Family family, std::uint32_t flags, std::uint8_t poison,
                  const std::vector<float>& ape_preset) {
-    grad_kv.fill(poison);
-    grad_score.fill(poison);
-    grad_ape.upload(ape_preset.data(), grad_ape.size());
+    device.grad_kv.fill(poison);
+    device.grad_score.fill(poison);
+    device.grad_ape.upload(ape_preset.data(), device.grad_ape.size());
     g_runtime->backward(backward_args(flags), nullptr, family);
     device::synchronize(*g_runtime, nullptr);
     Grads g;
-    g.kv.resize(static_cast<std::size_t>(host.token_elems()));
-    g.score.resize(g.kv.size());
+    g.kv = tools::DeviceInputs::download16(device.grad_kv);
+    g.score = tools::DeviceInputs::download16(device.grad_score);
     g.ape.resize(host.ape.size());
-    grad_kv.download(g.kv.data(), grad_kv.size());
-    grad_score.download(g.score.data(), grad_score.size());
-    grad_ape.download(g.ape.data(), grad_ape.size());
+    device.grad_ape.download(g.ape.data(), device.grad_ape.size());
     return g;
   }
 
   Problem host;
-  device::Buffer kv, score, ape, cu, cuc, out, grad_out, grad_kv, grad_score, grad_ape;
+  tools::DeviceInputs device;  // inputs uploaded, outputs allocated
 };
 
 inline std::vector<float> nan_ape(const Problem& p) {

@@ -192,8 +192,8 @@ TEST_F(Gpu, NothingToPoolGivesZeroGradients) {
 TEST_F(Gpu, MisalignedDevicePointersAreRejectedAndOutputsUntouched) {
   const Problem p = make_problem({4, 128, 2}, {256}, 0, 0, base_seed());
   DeviceProblem dev(p);
-  dev.out.fill(0x5a);
-  dev.grad_kv.fill(0x5a);
+  dev.device.out.fill(0x5a);
+  dev.device.grad_kv.fill(0x5a);
   ForwardArgs f = dev.forward_args();
   f.kv = static_cast<const char*>(f.kv) + 2;
   f.total_tokens -= 1;
@@ -208,11 +208,11 @@ TEST_F(Gpu, MisalignedDevicePointersAreRejectedAndOutputsUntouched) {
   b.grad_kv = static_cast<char*>(b.grad_kv) + 4;
   EXPECT_THROW(g_runtime->backward(b, nullptr), Error);
   device::synchronize(*g_runtime, nullptr);
-  std::vector<std::uint8_t> host(dev.out.size());
-  dev.out.download(host.data(), host.size());
+  std::vector<std::uint8_t> host(dev.device.out.size());
+  dev.device.out.download(host.data(), host.size());
   for (auto v : host) ASSERT_EQ(v, 0x5a);
-  host.resize(dev.grad_kv.size());
-  dev.grad_kv.download(host.data(), host.size());
+  host.resize(dev.device.grad_kv.size());
+  dev.device.grad_kv.download(host.data(), host.size());
   for (auto v : host) ASSERT_EQ(v, 0x5a);
 }
 
@@ -240,9 +240,9 @@ TEST_F(Gpu, AdversarialOffsetsStayInBounds) {
         EXPECT_NO_THROW(dev.forward(Family::kAuto));
         EXPECT_NO_THROW(dev.backward(Family::kAuto, 0, 0xff, nan_ape(p)));
         EXPECT_NO_THROW(dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p)));
-        const OffsetReport r =
-            g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(),
-                                     p.segments(), p.total_tokens, p.total_comp, ratio, nullptr);
+        const OffsetReport r = g_runtime->check_offsets(
+            dev.device.cu.as<std::int32_t>(), dev.device.cuc.as<std::int32_t>(), p.segments(),
+            p.total_tokens, p.total_comp, ratio, nullptr);
         EXPECT_FALSE(r.ok && k < 3) << "offset set " << k << " passed the device check";
         if (!r.ok) {
           EXPECT_FALSE(r.message.empty());
@@ -255,8 +255,8 @@ TEST_F(Gpu, CheckOffsetsAcceptsValidOffsets) {
   const Problem p = make_problem({4, 64, 2}, {64, 0, 253, 3}, 21, 8, base_seed());
   DeviceProblem dev(p);
   const OffsetReport r =
-      g_runtime->check_offsets(dev.cu.as<std::int32_t>(), dev.cuc.as<std::int32_t>(), p.segments(),
-                               p.total_tokens, p.total_comp, 4, nullptr);
+      g_runtime->check_offsets(dev.device.cu.as<std::int32_t>(), dev.device.cuc.as<std::int32_t>(),
+                               p.segments(), p.total_tokens, p.total_comp, 4, nullptr);
   EXPECT_TRUE(r.ok) << r.message;
 }
 

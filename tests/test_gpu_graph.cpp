@@ -88,8 +88,8 @@ Problem with_lengths(const Problem& p, const std::vector<std::int32_t>& lens) {
 }
 
 void upload_offsets(DeviceProblem& dp, const Problem& q) {
-  dp.cu.upload(q.cu.data(), q.cu.size() * 4);
-  dp.cuc.upload(q.cuc.data(), q.cuc.size() * 4);
+  dp.device.cu.upload(q.cu.data(), q.cu.size() * 4);
+  dp.device.cuc.upload(q.cuc.data(), q.cuc.size() * 4);
 }
 
 class Capture : public Gpu, public ::testing::WithParamInterface<Config> {};

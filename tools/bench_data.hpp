@@ -30,10 +30,11 @@ struct HostInputs {
 
 HostInputs make_inputs(const Config& config, const Pack& pack, std::uint64_t seed);
 
-// One problem's inputs uploaded to the current device, with its output buffers, and the call
-// arguments over them (every size at its true value: no spare capacity).
+// One problem's inputs uploaded to the current device, with its output buffers sized from
+// them, and the call arguments over them (sizes as `host` gives them: the benchmark's have no
+// spare capacity, the GPU tests' do).
 struct DeviceInputs {
-  DeviceInputs(Runtime& runtime, const HostInputs& host);
+  DeviceInputs(Runtime& runtime, HostInputs host);
   ForwardArgs forward() const;
   BackwardArgs backward(std::uint32_t flags = 0) const;
   static std::vector<std::uint16_t> download16(const device::Buffer& buffer);

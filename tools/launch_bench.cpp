@@ -11,6 +11,7 @@
 // queued: wall clock of 50 calls back to back on one stream, per call, median of 31 rounds.
 // idle:   one call issued to an idle stream, median of 201.
 // The paths (and an empty kernel's raw launch, the platform's floor) take turns in each round.
+// Driver queries: ns per call of each query a warm backward makes besides its launches.
 // Graph: the forward and backward kernel times (a graph of 20 back-to-back calls, per call)
 // against a graph holding one forward + backward, replayed 20 times back to back, per replay.
 #include <dlfcn.h>
@@ -287,7 +288,8 @@ Path empty_kernel_path(csa::Runtime& rt, csa::Stream stream) {
 
 // The driver queries a warm backward call makes besides its launches (current context and
 // device, capture status, the stream's and context's ids for the grad_ape workspace): ns per
-// query, median of 31 rounds of 1000. On virtual machines they are not free.
+// query, median of 31 rounds of 1000, to tell their share of the plan's margin over the raw
+// launches.
 nlohmann::json bench_driver_queries(csa::Runtime& rt, csa::Stream stream) {
   const auto& d = rt.impl().loader.get();
   const auto& api = d.api();
@@ -295,16 +297,30 @@ nlohmann::json bench_driver_queries(csa::Runtime& rt, csa::Stream stream) {
   CUcontext ctx = nullptr;
   d.check(api.cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
   const std::vector<std::pair<const char*, std::function<void()>>> queries = {
-      {"cuCtxGetCurrent", [&] { CUcontext c = nullptr; d.check(api.cuCtxGetCurrent(&c), "q"); }},
-      {"cuCtxGetDevice", [&] { CUdevice v = 0; d.check(api.cuCtxGetDevice(&v), "q"); }},
-      {"cuCtxGetId", [&] { unsigned long long id = 0; d.check(api.cuCtxGetId(ctx, &id), "q"); }},
+      {"cuCtxGetCurrent",
+       [&] {
+         CUcontext c = nullptr;
+         d.check(api.cuCtxGetCurrent(&c), "q");
+       }},
+      {"cuCtxGetDevice",
+       [&] {
+         CUdevice v = 0;
+         d.check(api.cuCtxGetDevice(&v), "q");
+       }},
+      {"cuCtxGetId",
+       [&] {
+         unsigned long long id = 0;
+         d.check(api.cuCtxGetId(ctx, &id), "q");
+       }},
       {"cuStreamIsCapturing",
        [&] {
          CUstreamCaptureStatus st{};
          d.check(api.cuStreamIsCapturing(s, &st), "q");
        }},
-      {"cuStreamGetId",
-       [&] { unsigned long long id = 0; d.check(api.cuStreamGetId(s, &id), "q"); }}};
+      {"cuStreamGetId", [&] {
+         unsigned long long id = 0;
+         d.check(api.cuStreamGetId(s, &id), "q");
+       }}};
   std::vector<std::vector<double>> ns(queries.size());
   for (int round = 0; round < 31; ++round)
     for (std::size_t i = 0; i < queries.size(); ++i) {
