@@ -35,23 +35,6 @@ std::string compare(const std::vector<std::uint16_t>& got, const std::vector<std
   return std::string(name) + " differs from the reference at " + std::to_string(i);
 }
 
-// out restricted to its distinct rows: the valid rows and the first padding row. Padding rows
-// all repeat block 0 from token 0 (checked bitwise), so a difference there would otherwise be
-// counted once per padding row by the tolerance contract.
-std::vector<std::uint16_t> distinct_out_rows(const std::vector<std::uint16_t>& out,
-                                             const Problem& p) {
-  const auto d = static_cast<std::size_t>(p.config.head_dim);
-  const auto valid = static_cast<std::size_t>(p.cuc.back());
-  const auto total = static_cast<std::size_t>(p.total_comp);
-  for (std::size_t row = valid + 1; row < total; ++row) {
-    EXPECT_TRUE(
-        std::equal(out.begin() + row * d, out.begin() + (row + 1) * d, out.begin() + valid * d))
-        << "padding row " << row << " differs from padding row " << valid;
-  }
-  const std::size_t rows = std::min(total, valid + 1);
-  return std::vector<std::uint16_t>(out.begin(), out.begin() + rows * d);
-}
-
 std::vector<Pack> long_packs(const Config& c) {
   std::vector<Pack> p = {
       {"1x8192", {8192}}, {"edge", {127, 8192, 0, 129, 128, 3, 515, 1024}}, {"1x4096", {4096}}};
@@ -162,13 +145,6 @@ TEST_P(LongWindow, MatchesReferencesOnEveryPack) {
     ASSERT_EQ(acc.kv, g.kv);
 
     if (!cpu_checks) continue;
-    const auto valid_rows = static_cast<std::size_t>(p.cuc.back());
-    const auto d = static_cast<std::size_t>(head_dim);
-    const std::size_t distinct = (valid_rows + (p.total_comp > p.cuc.back() ? 1 : 0)) * d;
-    auto head = [distinct](const auto& v) {
-      return std::vector<typename std::decay_t<decltype(v)>::value_type>(v.begin(),
-                                                                         v.begin() + distinct);
-    };
     const auto out_cpu = cpu->forward.get();
     const auto out64 = cpu->forward64.get();
     const auto grads_cpu = cpu->backward.get();
@@ -176,7 +152,7 @@ TEST_P(LongWindow, MatchesReferencesOnEveryPack) {
     auto bf = [](std::uint16_t v) { return bf16_value(v); };
     auto f32 = [](float v) { return static_cast<double>(v); };
     for (const std::string& failure :
-         {tolerance_failure(head(out), head(out_cpu), "out"),
+         {tolerance_failure(distinct_out_rows(out, p), distinct_out_rows(out_cpu, p), "out"),
           tolerance_failure(g.kv, grads_cpu.kv, "grad_kv"),
           tolerance_failure(g.score, grads_cpu.score, "grad_score"),
           parity_failure(out, out_cpu, out64, bf, "out"),
