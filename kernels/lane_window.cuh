@@ -235,8 +235,19 @@ __device__ __forceinline__ float merged_sum(const float* m, const float* part, i
 // shared memory, and one thread per column sums den, then out = sum_k round(kv_k * p_k),
 // serially in slot order: out is bitwise equal to the fp32-intermediate reference. Otherwise
 // each lane keeps (lane max, sum e, sum kv*e) and the lanes merge in fixed order.
+// Launch bounds: a chunked coff-1 CTA of up to 256 threads holding at most 16 window values a
+// thread in vectors of 2 or more asks for 5 CTAs per SM (48 registers, no spill): one more
+// window in flight per SM than the 56 registers it took otherwise (H200, kernel us:
+// 128,1,512,1x131072 92.4 -> 90.6, 128,1,512,1x65536 48.2 -> 46.8, 128,1,128,1x131072 25.0 ->
+// 24.6). More values a thread, or the scalar columns of an odd head_dim, spill at 48
+// registers; coff-2 windows of that size (ratio <= 64) were not measured. Those keep the
+// compiler's choice.
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL, bool FAST_EXP>
-__global__ void __launch_bounds__(TX* LANES, 1)
+__global__ void __launch_bounds__(TX* LANES,
+                                  (!SERIAL && COFF == 1 && VEC >= 2 && TX * LANES <= 256 &&
+                                   ((RATIO + LANES - 1) / LANES) * VEC <= 16)
+                                      ? 5
+                                      : 1)
     lane_window_forward(const __grid_constant__ ForwardParams p) {
   pdl_enter();
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
