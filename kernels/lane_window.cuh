@@ -245,7 +245,7 @@ __device__ __forceinline__ float merged_sum(const float* m, const float* part, i
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL, bool FAST_EXP>
 __global__ void __launch_bounds__(TX* LANES,
                                   (!SERIAL && COFF == 1 && VEC >= 2 && TX * LANES <= 256 &&
-                                   ((RATIO + LANES - 1) / LANES) * VEC <= 16)
+                                   LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C * VEC <= 16)
                                       ? 5
                                       : 1)
     lane_window_forward(const __grid_constant__ ForwardParams p) {

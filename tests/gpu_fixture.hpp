@@ -51,7 +51,7 @@ inline tools::HostInputs host_inputs(const Problem& p) {
 
 // A problem on the device. Output buffers are poisoned before each run.
 struct DeviceProblem {
-  explicit DeviceProblem(const Problem& p) : host(p), device(*g_runtime, host_inputs(p)) {}
+  explicit DeviceProblem(const Problem& p) : device(*g_runtime, host_inputs(p)) {}
 
   ForwardArgs forward_args() const { return device.forward(); }
   BackwardArgs backward_args(std::uint32_t flags) const { return device.backward(flags); }
@@ -78,13 +78,12 @@ struct DeviceProblem {
     Grads g;
     g.kv = tools::DeviceInputs::download16(device.grad_kv);
     g.score = tools::DeviceInputs::download16(device.grad_score);
-    g.ape.resize(host.ape.size());
+    g.ape.resize(device.in.ape.size());
     device.grad_ape.download(g.ape.data(), device.grad_ape.size());
     return g;
   }
 
-  Problem host;
-  tools::DeviceInputs device;  // inputs uploaded, outputs allocated
+  tools::DeviceInputs device;  // the host inputs, uploaded; outputs allocated
 };
 
 inline std::vector<float> nan_ape(const Problem& p) {
