@@ -30,6 +30,7 @@ struct BenchOptions {
   std::uint64_t seed = 1234;
   std::string json_path;
   bool jit = true;
+  std::vector<std::string> directions;  // empty: fwd, bwd and bwd-det
 };
 
 struct DeviceSet {
@@ -134,6 +135,9 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   nlohmann::json rows = nlohmann::json::array();
   auto measure = [&](const std::string& dir, std::int64_t bytes, double slope, double offset_us,
                      const std::function<void(int)>& call) {
+    if (!o.directions.empty() &&
+        std::find(o.directions.begin(), o.directions.end(), dir) == o.directions.end())
+      return;
     for (int s = 0; s < sets; ++s) call(s);  // warm: JIT, module load, first touch
     device::synchronize(rt, stream);
     const double cold = time_graph(rt, stream, o.reps, calls, [&](int i) { call(i % sets); });
@@ -255,6 +259,8 @@ void add_bench_command(CLI::App& app, Runtime*& runtime) {
   cmd->add_option("--seed", opts->seed, "input seed");
   cmd->add_option("--json", opts->json_path, "also write the results as JSON to this file");
   cmd->add_flag("!--no-jit", opts->jit, "skip the JIT and cached-load timing");
+  cmd->add_option("--direction", opts->directions, "only these rows (default: all three)")
+      ->check(CLI::IsMember({"fwd", "bwd", "bwd-det"}));
   cmd->callback([opts, &runtime] { run_bench(*runtime, *opts); });
 }
 
