@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A/B of library builds on one GPU: runs `csa bench` once per build and round, the builds
+# taking turns within every round (so drift in clocks or temperature hits them alike), then
+# prints kernel µs per shape and direction, one column per build and round.
+#   tools/ab_bench.sh OUTDIR NAME=LIBDIR [NAME=LIBDIR ...] -- [csa bench options]
+# LIBDIR holds a libcsa.so (a copy of a build's libcsa.so*); the csa executable comes from
+# CSA_AB_BUILD (default: build) and loads each LIBDIR's library in turn. CSA_AB_ROUNDS sets
+# the rounds (default 2). Example:
+#   tools/ab_bench.sh /tmp/ab base=build/var_base new=build -- --direction fwd -s 128,1,512,1x65536
+set -u
+out=${1:?usage: tools/ab_bench.sh OUTDIR NAME=LIBDIR ... -- [csa bench options]}
+shift
+builds=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+  case "$1" in
+    *=*) builds+=("$1") ;;
+    *) echo "ab_bench: expected NAME=LIBDIR, got '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+[ "${1:-}" = "--" ] && shift
+[ ${#builds[@]} -ge 1 ] || { echo "ab_bench: no NAME=LIBDIR given" >&2; exit 2; }
+csa="${CSA_AB_BUILD:-build}/csa"
+[ -x "$csa" ] || { echo "ab_bench: $csa not found (set CSA_AB_BUILD)" >&2; exit 2; }
+rounds=${CSA_AB_ROUNDS:-2}
+mkdir -p "$out"
+columns=()
+for ((r = 1; r <= rounds; ++r)); do
+  for b in "${builds[@]}"; do
+    name=${b%%=*}
+    lib=${b#*=}
+    [ -e "$lib/libcsa.so" ] || { echo "ab_bench: no libcsa.so in $lib" >&2; exit 2; }
+    col="${name}_$r"
+    LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" "$csa" bench --no-jit --json "$out/$col.json" "$@" \
+      >"$out/$col.txt" 2>&1
+    rc=$?
+    echo "ab_bench: $col rc=$rc" >&2
+    [ $rc -eq 0 ] || exit $rc
+    columns+=("$col")
+  done
+done
+python3 - "$out" "${columns[@]}" <<'EOF'
+import json, sys
+out, columns = sys.argv[1], sys.argv[2:]
+table, order = {}, []
+for col in columns:
+    with open(f"{out}/{col}.json") as f:
+        for row in json.load(f)["rows"]:
+            key = (row["shape"], row["direction"])
+            if key not in table:
+                table[key] = {"target": row["target_us"]}
+                order.append(key)
+            table[key][col] = row["kernel_us"]
+print("kernel us (median); target: the issue's rule")
+print(" ".join(["shape", "dir", "target"] + columns))
+for key in order:
+    cells = [f"{table[key][c]:.2f}" if c in table[key] else "-" for c in columns]
+    print(" ".join([key[0], key[1], f"{table[key]['target']:.2f}"] + cells))
+EOF
