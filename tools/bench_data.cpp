@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+
 #include <random>
 #include <sstream>
 #include <utility>
@@ -125,6 +127,11 @@ std::vector<std::uint16_t> DeviceInputs::download16(const device::Buffer& buffer
   std::vector<std::uint16_t> h(buffer.size() / 2);
   buffer.download(h.data(), buffer.size());
   return h;
+}
+
+int rotation_sets(std::int64_t bytes_per_call, std::int64_t l2_bytes) {
+  const std::int64_t bytes = std::max<std::int64_t>(bytes_per_call, 1);
+  return static_cast<int>(std::clamp<std::int64_t>((3 * l2_bytes + bytes - 1) / bytes, 2, 256));
 }
 
 }  // namespace csa::tools

@@ -47,4 +47,8 @@ struct DeviceInputs {
 std::int64_t forward_bytes(const HostInputs& in);
 std::int64_t backward_bytes(const HostInputs& in);
 
+// Input sets to rotate so that back-to-back calls moving `bytes_per_call` each cycle through at
+// least three times the L2 (every call then reads from DRAM): 2..256.
+int rotation_sets(std::int64_t bytes_per_call, std::int64_t l2_bytes);
+
 }  // namespace csa::tools

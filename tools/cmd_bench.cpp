@@ -81,8 +81,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   const std::size_t ape_bytes = static_cast<std::size_t>(c.ratio * width) * 4;
   const std::int64_t fwd_bytes = forward_bytes(in);
   const std::int64_t bwd_bytes = backward_bytes(in);
-  const int sets = static_cast<int>(
-      std::clamp<std::int64_t>((3 * l2_bytes + fwd_bytes - 1) / fwd_bytes, 2, 256));
+  const int sets = rotation_sets(fwd_bytes, l2_bytes);
 
   device::Buffer cu(rt, in.cu.size() * 4), cuc(rt, in.cuc.size() * 4), ape(rt, ape_bytes);
   cu.upload(in.cu.data(), in.cu.size() * 4);
