@@ -3,7 +3,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-
 #include <random>
 #include <sstream>
 #include <utility>
