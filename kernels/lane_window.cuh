@@ -16,6 +16,13 @@ struct LaneWindow {
 };
 
 // Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
+// Where C divides the ratio (a lane's C slots then lie in one half of the window and one ape
+// block, all valid or all not), each array gets one 64-bit base per thread and every slot's
+// load is that base plus a compile-time offset (j * W), so the loads issue back to back
+// instead of each behind its own 64-bit address arithmetic (sm_90 SASS of the 128,2,512
+// chunked kernel: 960 instructions, the window's 52 loads within 132 of them, against 1256
+// and 437 per slot). A build whose compiler happened to fold the coff-1 offsets this way ran
+// the chunked coff-1 forwards 2-12 % faster on the H200 (docs/performance.md).
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
 __device__ __forceinline__ void load_lane_window(
     const csa_u16* score, const csa_u16* kv, const float* ape, const RowWindow& w, int col,
@@ -26,19 +33,43 @@ __device__ __forceinline__ void load_lane_window(
   using Raw = typename RawBf16<VEC>::type;
   Raw rs[LW::C], rx[LW::C];
   float a[LW::C][VEC];
+  if constexpr (RATIO % LW::C == 0) {
+    const int k0 = lane * LW::C;
+    const bool valid = k0 < LW::WIN && G::valid(k0, w.first);
+    const long long token0 = valid ? static_cast<long long>(G::token(w.t0, k0)) : 0;
+    const long long offset0 = token0 * LW::W + G::half_offset(k0) + col;
+    const Raw* const score0 = reinterpret_cast<const Raw*>(score + offset0);
+    const Raw* const kv0 = reinterpret_cast<const Raw*>(kv + offset0);
+    const float* const ape0 = ape + (valid ? G::ape_index(k0, col) : 0);
+    constexpr int kStride = LW::W / VEC;  // one token, in Raw elements
 #pragma unroll
-  for (int j = 0; j < LW::C; ++j) {
-    const int k = lane * LW::C + j;
-    if (k < LW::WIN && G::valid(k, w.first)) {
-      const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
-      rs[j] = __ldg(reinterpret_cast<const Raw*>(score + off));
-      rx[j] = __ldg(reinterpret_cast<const Raw*>(kv + off));
-      load_f32<VEC>(ape + G::ape_index(k, col), a[j]);
-    } else {
-      rs[j] = Raw{};
-      rx[j] = Raw{};
+    for (int j = 0; j < LW::C; ++j) {
+      if (valid) {
+        rs[j] = __ldg(score0 + j * kStride);
+        rx[j] = __ldg(kv0 + j * kStride);
+        load_f32<VEC>(ape0 + j * LW::W, a[j]);
+      } else {
+        rs[j] = Raw{};
+        rx[j] = Raw{};
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) a[j][v] = neg_inf();
+        for (int v = 0; v < VEC; ++v) a[j][v] = neg_inf();
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      if (k < LW::WIN && G::valid(k, w.first)) {
+        const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+        rs[j] = __ldg(reinterpret_cast<const Raw*>(score + off));
+        rx[j] = __ldg(reinterpret_cast<const Raw*>(kv + off));
+        load_f32<VEC>(ape + G::ape_index(k, col), a[j]);
+      } else {
+        rs[j] = Raw{};
+        rx[j] = Raw{};
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) a[j][v] = neg_inf();
+      }
     }
   }
 #pragma unroll
@@ -240,14 +271,19 @@ __device__ __forceinline__ float merged_sum(const float* m, const float* part, i
 // window in flight per SM than the 56 registers it took otherwise (H200, kernel us:
 // 128,1,512,1x131072 92.4 -> 90.6, 128,1,512,1x65536 48.2 -> 46.8, 128,1,128,1x131072 25.0 ->
 // 24.6). More values a thread, or the scalar columns of an odd head_dim, spill at 48
-// registers; coff-2 windows of that size (ratio <= 64) were not measured. Those keep the
+// registers; coff-2 windows of that size (ratio <= 64) were not measured. Coff-1 windows of
+// 32 values (the 64-column buckets) ask for 3 CTAs (80 registers, from 96). Others keep the
 // compiler's choice.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, bool SERIAL>
+__host__ __device__ constexpr int forward_min_ctas(int threads) {
+  constexpr int values = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C * VEC;
+  if (SERIAL || COFF != 1 || VEC < 2 || threads > 256) return 1;
+  return values <= 16 ? 5 : (values <= 32 ? 3 : 1);
+}
+
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL, bool FAST_EXP>
-__global__ void __launch_bounds__(TX* LANES,
-                                  (!SERIAL && COFF == 1 && VEC >= 2 && TX * LANES <= 256 &&
-                                   LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C * VEC <= 16)
-                                      ? 5
-                                      : 1)
+__global__ void __launch_bounds__(
+    TX* LANES, forward_min_ctas<RATIO, COFF, HEAD_DIM, VEC, LANES, SERIAL>(TX* LANES))
     lane_window_forward(const __grid_constant__ ForwardParams p) {
   pdl_enter();
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
