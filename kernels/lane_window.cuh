@@ -21,8 +21,9 @@ struct LaneWindow {
 // load is that base plus a compile-time offset (j * W), so the loads issue back to back
 // instead of each behind its own 64-bit address arithmetic (sm_90 SASS of the 128,2,512
 // chunked kernel: 960 instructions, the window's 52 loads within 132 of them, against 1256
-// and 437 per slot). A build whose compiler happened to fold the coff-1 offsets this way ran
-// the chunked coff-1 forwards 2-12 % faster on the H200 (docs/performance.md).
+// and 437 per slot). H200, kernel us: 128,1,512,1x131072 90.9 -> 79.9, 128,2,512,1x131072
+// 190.3 -> 152.3, 128,1,128,1x65536 14.3 -> 11.3; only the 32-row 128,1,512,1x4096 was
+// slower (4.67 -> 5.1 with the same schedule; docs/performance.md).
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
 __device__ __forceinline__ void load_lane_window(
     const csa_u16* score, const csa_u16* kv, const float* ape, const RowWindow& w, int col,
@@ -271,14 +272,14 @@ __device__ __forceinline__ float merged_sum(const float* m, const float* part, i
 // window in flight per SM than the 56 registers it took otherwise (H200, kernel us:
 // 128,1,512,1x131072 92.4 -> 90.6, 128,1,512,1x65536 48.2 -> 46.8, 128,1,128,1x131072 25.0 ->
 // 24.6). More values a thread, or the scalar columns of an odd head_dim, spill at 48
-// registers; coff-2 windows of that size (ratio <= 64) were not measured. Coff-1 windows of
-// 32 values (the 64-column buckets) ask for 3 CTAs (80 registers, from 96). Others keep the
-// compiler's choice.
+// registers; coff-2 windows of that size (ratio <= 64) were not measured. Others keep the
+// compiler's choice: 3 CTAs for the 32-value windows of the 64-column buckets (80 registers,
+// from 96) measured the same as without, with the slot-offset loads (H200, within 1 %).
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, bool SERIAL>
 __host__ __device__ constexpr int forward_min_ctas(int threads) {
   constexpr int values = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C * VEC;
   if (SERIAL || COFF != 1 || VEC < 2 || threads > 256) return 1;
-  return values <= 16 ? 5 : (values <= 32 ? 3 : 1);
+  return values <= 16 ? 5 : 1;
 }
 
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL, bool FAST_EXP>
