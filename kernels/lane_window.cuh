@@ -12,8 +12,28 @@ struct LaneWindow {
   static constexpr int W = COFF * HEAD_DIM;
   static constexpr int WIN = COFF * RATIO;
   static constexpr int C = (WIN + LANES - 1) / LANES;
+  // Where C divides the ratio, a lane's C slots lie in one half of the window, on consecutive
+  // tokens, all valid or all not: one base offset and compile-time steps of W address them.
+  static constexpr bool UNIFORM = RATIO % C == 0;
   using Geometry = LongWindow<RATIO, COFF, HEAD_DIM, 32, 32>;  // slot geometry only
 };
+
+// The first slot of this lane (UNIFORM windows only): whether the lane's slots are valid and,
+// if so, the element offset of slot lane * C in score, kv, grad_kv and grad_score (slot j of
+// the lane is `offset + j * W`).
+// NOTE: 64 bits, so that every slot's access is the base plus an immediate.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
+__device__ __forceinline__ bool lane_slot_base(const RowWindow& w, int col, int lane,
+                                               long long& offset) {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  static_assert(LW::UNIFORM, "lane_slot_base needs C to divide the ratio");
+  const int k0 = lane * LW::C;
+  const bool valid = k0 < LW::WIN && G::valid(k0, w.first);
+  const long long token0 = valid ? static_cast<long long>(G::token(w.t0, k0)) : 0;
+  offset = token0 * LW::W + G::half_offset(k0) + col;
+  return valid;
+}
 
 // Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
 // Where C divides the ratio (a lane's C slots then lie in one half of the window and one ape
@@ -34,11 +54,10 @@ __device__ __forceinline__ void load_lane_window(
   using Raw = typename RawBf16<VEC>::type;
   Raw rs[LW::C], rx[LW::C];
   float a[LW::C][VEC];
-  if constexpr (RATIO % LW::C == 0) {
+  if constexpr (LW::UNIFORM) {
+    long long offset0 = 0;
+    const bool valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
     const int k0 = lane * LW::C;
-    const bool valid = k0 < LW::WIN && G::valid(k0, w.first);
-    const long long token0 = valid ? static_cast<long long>(G::token(w.t0, k0)) : 0;
-    const long long offset0 = token0 * LW::W + G::half_offset(k0) + col;
     const Raw* const score0 = reinterpret_cast<const Raw*>(score + offset0);
     const Raw* const kv0 = reinterpret_cast<const Raw*>(kv + offset0);
     const float* const ape0 = ape + (valid ? G::ape_index(k0, col) : 0);
@@ -96,16 +115,30 @@ struct LaneLoads {
                                         int col, int lane, bool active) {
     grad_out =
         active ? __ldg(reinterpret_cast<const Raw*>(p.grad_out + row * HEAD_DIM + col)) : Raw{};
+    if constexpr (LW::UNIFORM) {
+      long long offset0 = 0;
+      const bool valid =
+          active && lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
+      const Raw* const score0 = reinterpret_cast<const Raw*>(p.score + offset0);
+      const Raw* const kv0 = reinterpret_cast<const Raw*>(p.kv + offset0);
+      constexpr int kStride = LW::W / VEC;  // one token, in Raw elements
 #pragma unroll
-    for (int j = 0; j < LW::C; ++j) {
-      const int k = lane * LW::C + j;
-      if (active && k < LW::WIN && G::valid(k, w.first)) {
-        const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
-        score[j] = __ldg(reinterpret_cast<const Raw*>(p.score + off));
-        kv[j] = __ldg(reinterpret_cast<const Raw*>(p.kv + off));
-      } else {
-        score[j] = Raw{};
-        kv[j] = Raw{};
+      for (int j = 0; j < LW::C; ++j) {
+        score[j] = valid ? __ldg(score0 + j * kStride) : Raw{};
+        kv[j] = valid ? __ldg(kv0 + j * kStride) : Raw{};
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        const int k = lane * LW::C + j;
+        if (active && k < LW::WIN && G::valid(k, w.first)) {
+          const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+          score[j] = __ldg(reinterpret_cast<const Raw*>(p.score + off));
+          kv[j] = __ldg(reinterpret_cast<const Raw*>(p.kv + off));
+        } else {
+          score[j] = Raw{};
+          kv[j] = Raw{};
+        }
       }
     }
   }
@@ -513,10 +546,19 @@ __global__ void __launch_bounds__(TX* LANES,
       S_part[v] = S;
     }
     if (active) {
+      // Without the ring, UNIFORM windows store each slot at one base plus an immediate, as
+      // they load. H200, kernel us: 128,1,512,1x4096 13.7 -> 13.2, 128,2,128,1x8192 14.9 ->
+      // 14.5; with the ring the same stores measured 0.3-0.8 % slower at coff 2 (128,2,512,
+      // 1x131072 446 -> 450), so the ring keeps the per-slot form.
+      constexpr bool SLOT_BASE = LW::UNIFORM && STAGES == 1;
+      long long offset0 = 0;
+      bool lane_valid = true;
+      if constexpr (SLOT_BASE)
+        lane_valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
 #pragma unroll
       for (int j = 0; j < LW::C; ++j) {
         const int k = lane * LW::C + j;
-        if (k >= LW::WIN || !G::valid(k, w.first)) continue;
+        if (SLOT_BASE ? !lane_valid : (k >= LW::WIN || !G::valid(k, w.first))) continue;
         float gkv[VEC], gs[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; ++v) {
@@ -525,9 +567,14 @@ __global__ void __launch_bounds__(TX* LANES,
           gkv[v] = __fmul_rn(g[v], s[j][v]);
           dape[j][v] = __fadd_rn(dape[j][v], gs[v]);
         }
-        const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
-        store_bf16<VEC>(p.grad_kv + off, gkv);
-        store_bf16<VEC>(p.grad_score + off, gs);
+        if constexpr (SLOT_BASE) {
+          store_bf16<VEC>(p.grad_kv + offset0 + j * LW::W, gkv);
+          store_bf16<VEC>(p.grad_score + offset0 + j * LW::W, gs);
+        } else {
+          const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+          store_bf16<VEC>(p.grad_kv + off, gkv);
+          store_bf16<VEC>(p.grad_score + off, gs);
+        }
       }
     }
     if (w.last) {
