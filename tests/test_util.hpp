@@ -144,6 +144,39 @@ inline std::string tolerance_failure(const std::vector<std::uint16_t>& got,
   return {};
 }
 
+// The tolerance contract against the CPU fp32 reference. libm's expf and CUDA's differ in the
+// last place, so the GPU reference kernel (the same op order, CUDA's expf) already differs from
+// the CPU reference on a few elements; on small tensors that split alone can pass 0.1 %. The
+// count allowance adds the split measured on this input (`gpu_ref` against `cpu_ref`), so
+// the check fails only on differences the kernel adds beyond it; max |diff| is unchanged.
+inline std::string cpu_tolerance_failure(const std::vector<std::uint16_t>& got,
+                                         const std::vector<std::uint16_t>& gpu_ref,
+                                         const std::vector<std::uint16_t>& cpu_ref,
+                                         const char* name) {
+  std::size_t split = 0;
+  for (std::size_t i = 0; i < gpu_ref.size(); ++i) split += gpu_ref[i] != cpu_ref[i] ? 1 : 0;
+  const std::size_t allowed = std::max<std::size_t>(1, got.size() / 1000) + split;
+  std::size_t differing = 0;
+  double max_abs = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double a = bf16_value(got[i]);
+    const double b = bf16_value(cpu_ref[i]);
+    if (std::isnan(a) != std::isnan(b))
+      return std::string(name) + ": NaN mask differs at " + std::to_string(i);
+    if (std::isnan(a)) continue;
+    if (got[i] != cpu_ref[i]) ++differing;
+    max_abs = std::max(max_abs, std::fabs(a - b));
+  }
+  if (differing > allowed || max_abs > 1.6e-2) {
+    return std::string(name) + ": " + std::to_string(differing) +
+           " elements differ from the CPU reference (allowed " + std::to_string(allowed) +
+           ", of which " + std::to_string(split) +
+           " where the GPU reference kernel differs from it), max |diff| " +
+           std::to_string(max_abs);
+  }
+  return {};
+}
+
 // SPEC §2 item 4: max|fused - fp64| <= max|ref - fp64| * (1 + 1e-6) + 1e-4.
 template <typename Got, typename Ref, typename AsDouble>
 std::string parity_failure(const std::vector<Got>& got, const std::vector<Ref>& ref,
