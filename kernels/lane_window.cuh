@@ -36,10 +36,9 @@ __device__ __forceinline__ bool lane_slot_base(const RowWindow& w, int col, int 
 }
 
 // Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
-// Where C divides the ratio (a lane's C slots then lie in one half of the window and one ape
-// block, all valid or all not), each array gets one 64-bit base per thread and every slot's
-// load is that base plus a compile-time offset (j * W), so the loads issue back to back
-// instead of each behind its own 64-bit address arithmetic (sm_90 SASS of the 128,2,512
+// UNIFORM windows (lane_slot_base) load each slot at one 64-bit base per array plus a
+// compile-time offset (j * W), so the loads issue back to back instead of each behind its
+// own 64-bit address arithmetic (sm_90 SASS of the 128,2,512
 // chunked kernel: 960 instructions, the window's 52 loads within 132 of them, against 1256
 // and 437 per slot). H200, kernel us: 128,1,512,1x131072 90.9 -> 79.9, 128,2,512,1x131072
 // 190.3 -> 152.3, 128,1,128,1x65536 14.3 -> 11.3; only the 32-row 128,1,512,1x4096 was
