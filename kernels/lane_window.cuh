@@ -181,13 +181,14 @@ struct LaneRing {
   static constexpr int STAGE_ELEMS = ((2 * ROWS * COLS + COLS) + 7) / 8 * 8;
 
   // Issues the copies of `row` into `stage` (all threads) and commits one group; with
-  // `!has_row` only the (empty) group, so every thread's group count stays in step.
-  static __device__ __forceinline__ void fetch(csa_u16* stage, const BackwardParams& p, int row,
-                                               bool has_row, int col0) {
+  // `!has_row` only the (empty) group, so every thread's group count stays in step. Returns
+  // the row's window (located only with `has_row`), which the CTA reuses when it computes it.
+  static __device__ __forceinline__ RowWindow fetch(csa_u16* stage, const BackwardParams& p,
+                                                    int row, bool has_row, int col0) {
     static_assert(COLS % 8 == 0 && HEAD_DIM % 8 == 0, "the ring copies 16-byte chunks");
+    RowWindow w{};
     if (has_row) {
-      const RowWindow w =
-          locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+      w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
       const int tid = threadIdx.y * TX + threadIdx.x;
       constexpr int ITEMS = 2 * LW::WIN * CHUNKS;
 #pragma unroll
@@ -211,6 +212,7 @@ struct LaneRing {
       }
     }
     cp_async_commit();
+    return w;
   }
 
   // This thread's slots of one staged row: s = score + ape (invalid slots: -inf), kv (invalid
@@ -294,6 +296,62 @@ __device__ __forceinline__ float merged_sum(const float* m, const float* part, i
   }
   return sum;
 }
+
+// The backward's merge of one column's lanes, shared by the threads of that column within a
+// warp: with TX < 32 a warp holds K = 32 / TX lanes of each of its columns (thread (x, y) is
+// warp lane y * TX + x), and every thread used to merge all LANES lanes itself. Thread y now
+// merges the lanes q = y % K, y % K + K, ... in order (conflict-free: the K threads of a column
+// read K consecutive lane rows) and xor shuffles over the K threads combine the K results.
+// Each level of the butterfly adds two values in either order, so every thread of the column,
+// in every warp, ends with the same bits: fixed order, deterministic run to run.
+template <int TX, int LANES>
+struct ColumnLanes {
+  static constexpr int K = (TX < 32 && 32 % TX == 0) ? 32 / TX : 1;
+  static_assert(LANES % K == 0, "whole warps of lanes");
+  static constexpr int PER_THREAD = LANES / K;
+  // Lane row q = first() + i * K of the column's i-th lane for this thread.
+  static __device__ __forceinline__ int first() { return static_cast<int>(threadIdx.y) % K; }
+
+  static __device__ __forceinline__ float max(const float* m, int stride) {
+    float M = neg_inf();
+    m += first() * stride;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) M = fmaxf(M, m[i * K * stride]);
+#pragma unroll
+    for (int o = TX; o < 32 && K > 1; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    return M;
+  }
+
+  template <bool FAST_EXP>
+  static __device__ __forceinline__ float rescaled_sum(const float* m, const float* part,
+                                                       int stride, float M) {
+    float sum = 0.0f;
+    m += first() * stride;
+    part += first() * stride;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) {
+      const float mq = m[i * K * stride];
+      if (mq == neg_inf()) continue;  // empty lane: contributes nothing
+      sum =
+          __fadd_rn(sum, __fmul_rn(part[i * K * stride], softmax_exp<FAST_EXP>(__fsub_rn(mq, M))));
+    }
+    return butterfly_sum(sum);
+  }
+
+  static __device__ __forceinline__ float sum(const float* part, int stride) {
+    float s = 0.0f;
+    part += first() * stride;
+#pragma unroll
+    for (int i = 0; i < PER_THREAD; ++i) s = __fadd_rn(s, part[i * K * stride]);
+    return butterfly_sum(s);
+  }
+
+  static __device__ __forceinline__ float butterfly_sum(float s) {
+#pragma unroll
+    for (int o = TX; o < 32 && K > 1; o <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+  }
+};
 
 // SERIAL: every lane takes the window max M (exact in any order), e_k = expf(s_k - M) goes to
 // shared memory, and one thread per column sums den, then out = sum_k round(kv_k * p_k),
@@ -432,9 +490,11 @@ __global__ void __launch_bounds__(TX* LANES,
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using Ring = LaneRing<RATIO, COFF, HEAD_DIM, VEC, TX, LANES>;  // STAGES >= 2 only
   using G = typename LW::Geometry;
+  using Merge = ColumnLanes<TX, LANES>;
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int COLS = TX * VEC;
   constexpr int THREADS = TX * LANES;
+  static_assert(THREADS % 32 == 0, "whole warps: the merge shuffles over full warps");
   // Double-buffered by row parity: two barriers per row.
   __shared__ float sm_m[2][LANES][COLS], sm_den[2][LANES][COLS], sm_s[2][LANES][COLS];
   const int lane = threadIdx.y;
@@ -474,13 +534,17 @@ __global__ void __launch_bounds__(TX* LANES,
   const int row_end = static_cast<int>(
       row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
   // The ring (STAGES >= 2) lives in dynamic shared memory: STAGES * Ring::STAGE_ELEMS bf16.
+  // With two stages the window located by the fetch of a row is the one its computation uses
+  // (one locate_row per row instead of two).
+  RowWindow fetched{};
   if constexpr (STAGES > 1) {
     // NOTE: every thread commits exactly one group per fetch (empty past row_end), so the
     // wait_group counts below name the same rows in every thread.
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
       const long long r = row_begin + i;
-      Ring::fetch(ring + i * Ring::STAGE_ELEMS, p, static_cast<int>(r), r < row_end, col0);
+      fetched =
+          Ring::fetch(ring + i * Ring::STAGE_ELEMS, p, static_cast<int>(r), r < row_end, col0);
     }
     cp_async_wait<STAGES - 2>();
     __syncthreads();
@@ -488,15 +552,16 @@ __global__ void __launch_bounds__(TX* LANES,
   int buf = 0;
   int it = 0;
   for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1, ++it) {
-    const RowWindow w =
-        locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+    const RowWindow w = STAGES == 2 ? fetched
+                                    : locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp,
+                                                        p.num_segments, p.total_tokens, row);
     float s[LW::C][VEC], x[LW::C][VEC], g[VEC];
     if constexpr (STAGES > 1) {
       // Row `row + STAGES - 1` goes to the stage that row - 1 used: every thread finished
       // reading it before the previous row's second barrier.
       const long long ahead = static_cast<long long>(row) + STAGES - 1;
-      Ring::fetch(ring + ((it + STAGES - 1) % STAGES) * Ring::STAGE_ELEMS, p,
-                  static_cast<int>(ahead), ahead < row_end, col0);
+      fetched = Ring::fetch(ring + ((it + STAGES - 1) % STAGES) * Ring::STAGE_ELEMS, p,
+                            static_cast<int>(ahead), ahead < row_end, col0);
       Ring::read(ring + (it % STAGES) * Ring::STAGE_ELEMS, ape_sm, ape, w, lane, s, x, g);
     } else {
       LaneLoads<RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
@@ -511,14 +576,15 @@ __global__ void __launch_bounds__(TX* LANES,
       sm_den[buf][lane][threadIdx.x * VEC + v] = den[v];
     }
     __syncthreads();
-    // Every thread merges the same lanes in the same order: identical M and den everywhere.
+    // The threads of a column merge its lanes in one fixed order (ColumnLanes): identical M
+    // and den in every thread of the column.
     float scale[VEC], S_part[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const int c = threadIdx.x * VEC + v;
-      const float M = merged_max<LANES, FAST_EXP>(&sm_m[buf][0][c], COLS);
+      const float M = Merge::max(&sm_m[buf][0][c], COLS);
       const float total =
-          merged_sum<LANES, FAST_EXP>(&sm_m[buf][0][c], &sm_den[buf][0][c], COLS, M);
+          Merge::template rescaled_sum<FAST_EXP>(&sm_m[buf][0][c], &sm_den[buf][0][c], COLS, M);
       // p = e * exp(m_q - M) / den; an empty lane has e = 0 everywhere. The reciprocal is
       // Newton-refined, not IEEE: this form is under the tolerance contract, and it keeps the
       // division's slow-path call (and the register spills around it) out of the kernel.
@@ -539,10 +605,7 @@ __global__ void __launch_bounds__(TX* LANES,
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const int c = threadIdx.x * VEC + v;
-      float S = 0.0f;
-#pragma unroll 8
-      for (int q = 0; q < LANES; ++q) S = __fadd_rn(S, sm_s[buf][q][c]);
-      S_part[v] = S;
+      S_part[v] = Merge::sum(&sm_s[buf][0][c], COLS);
     }
     if (active) {
       // Without the ring, UNIFORM windows store each slot at one base plus an immediate, as
