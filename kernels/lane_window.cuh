@@ -180,6 +180,60 @@ struct LaneRing {
   // to 16 bytes. Must match long_window_shared_bytes() on the host.
   static constexpr int STAGE_ELEMS = ((2 * ROWS * COLS + COLS) + 7) / 8 * 8;
 
+  // BLOCKED: every pass of the CTA's threads over the copies covers SLOTS_PER_PASS whole slots
+  // of one array, inside one half of the window and starting at a multiple of C. Then a
+  // thread's (slot within the pass, 16-byte chunk) is the same in every pass and every row, and
+  // each pass adds compile-time offsets only: one 64-bit source base per row and array, one
+  // shared-memory base per thread. The generic mapping rebuilt every copy's slot, token and
+  // both addresses from the copy index on every row (sm_90 SASS of the 128,2,512 v2 c16 t256
+  // ring backward: ~270 integer instructions a row for 4 copies a thread).
+  static constexpr int SLOTS_PER_PASS = THREADS / CHUNKS;
+  static constexpr bool BLOCKED = THREADS % CHUNKS == 0 && (LW::WIN * CHUNKS) % THREADS == 0 &&
+                                  RATIO % SLOTS_PER_PASS == 0 && SLOTS_PER_PASS % LW::C == 0;
+
+  static __device__ __forceinline__ void fetch_blocked(csa_u16* stage, const BackwardParams& p,
+                                                       const RowWindow& w, int tid, int col0) {
+    constexpr int PASSES = 2 * LW::WIN * CHUNKS / THREADS;
+    const int t = tid / CHUNKS;                // slot within a pass
+    const int chunk = (tid - t * CHUNKS) * 8;  // first column within the CTA's columns
+    const bool col_ok = col0 + chunk < HEAD_DIM;
+    // NOTE: 64-bit: the token offsets reach total_tokens * W. Slot k0 + t of a pass lies on
+    // token t0 + k0 + t - (COFF - 1) * RATIO; the base is only formed, and only used where the
+    // pass's slots are valid (then that token is in range).
+    const long long base =
+        (static_cast<long long>(w.t0) + t - (COFF - 1) * RATIO) * LW::W + col0 + chunk;
+    csa_u16* const dst = stage + slot_row(t) * COLS + chunk;
+#pragma unroll
+    for (int pass = 0; pass < PASSES; ++pass) {
+      constexpr int PER_ARRAY = LW::WIN * CHUNKS / THREADS;
+      const int array = pass / PER_ARRAY;
+      const int k0 = (pass - array * PER_ARRAY) * SLOTS_PER_PASS;  // multiple of C
+      const bool ok = col_ok && G::valid(k0, w.first);             // the same for the pass's slots
+      const csa_u16* const src = array == 0 ? p.score : p.kv;
+      cp_async_16(dst + (array * ROWS + k0 + k0 / LW::C) * COLS,
+                  ok ? src + base + k0 * LW::W + G::half_offset(k0) : src, ok);
+    }
+  }
+
+  // Any geometry: each copy's array, slot and chunk from its index.
+  static __device__ __forceinline__ void fetch_generic(csa_u16* stage, const BackwardParams& p,
+                                                       const RowWindow& w, int tid, int col0) {
+    constexpr int ITEMS = 2 * LW::WIN * CHUNKS;
+#pragma unroll
+    for (int i0 = 0; i0 < ITEMS; i0 += THREADS) {
+      const int i = i0 + tid;
+      if (ITEMS % THREADS != 0 && i >= ITEMS) break;
+      const int array = i / (LW::WIN * CHUNKS);
+      const int r = i - array * (LW::WIN * CHUNKS);
+      const int k = r / CHUNKS;
+      const int col = col0 + (r - k * CHUNKS) * 8;
+      const bool ok = col < HEAD_DIM && G::valid(k, w.first);
+      const csa_u16* src = array == 0 ? p.score : p.kv;
+      if (ok) src += G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+      cp_async_16(stage + (array * ROWS + slot_row(k)) * COLS + (col - col0), src, ok);
+    }
+  }
+
   // Issues the copies of `row` into `stage` (all threads) and commits one group; with
   // `!has_row` only the (empty) group, so every thread's group count stays in step. Returns
   // the row's window (located only with `has_row`), which the CTA reuses when it computes it.
@@ -190,19 +244,10 @@ struct LaneRing {
     if (has_row) {
       w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
       const int tid = threadIdx.y * TX + threadIdx.x;
-      constexpr int ITEMS = 2 * LW::WIN * CHUNKS;
-#pragma unroll
-      for (int i0 = 0; i0 < ITEMS; i0 += THREADS) {
-        const int i = i0 + tid;
-        if (ITEMS % THREADS != 0 && i >= ITEMS) break;
-        const int array = i / (LW::WIN * CHUNKS);
-        const int r = i - array * (LW::WIN * CHUNKS);
-        const int k = r / CHUNKS;
-        const int col = col0 + (r - k * CHUNKS) * 8;
-        const bool ok = col < HEAD_DIM && G::valid(k, w.first);
-        const csa_u16* src = array == 0 ? p.score : p.kv;
-        if (ok) src += G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
-        cp_async_16(stage + (array * ROWS + slot_row(k)) * COLS + (col - col0), src, ok);
+      if constexpr (BLOCKED) {
+        fetch_blocked(stage, p, w, tid, col0);
+      } else {
+        fetch_generic(stage, p, w, tid, col0);
       }
       if (tid < CHUNKS) {
         const int col = col0 + tid * 8;
@@ -232,14 +277,20 @@ struct LaneRing {
                                               float (&x)[LW::C][VEC], float (&g)[VEC]) {
     const int c = threadIdx.x * VEC;
     raw_to_f32<VEC>(*reinterpret_cast<const Raw*>(stage + 2 * ROWS * COLS + c), g);
+    // The lane's slots are rows slot_row(lane * C) + j of the stage: one base, compile-time
+    // steps (the generic slot_row(k) cost a signed division per slot in the SASS). Where the
+    // lanes cover the window exactly every row is in the stage, so the reads need no guard:
+    // the copies of invalid slots were zero-filled.
+    constexpr bool EXACT = LW::C * LANES == LW::WIN;
+    const csa_u16* const lane_rows = stage + (lane * LW::C + lane) * COLS + c;
 #pragma unroll
     for (int j = 0; j < LW::C; ++j) {
       const int k = lane * LW::C + j;
-      const bool valid = k < LW::WIN && G::valid(k, w.first);
+      const bool valid = (EXACT || k < LW::WIN) && G::valid(k, w.first);
       Raw rs{}, rx{};
-      if (k < LW::WIN) {
-        rs = *reinterpret_cast<const Raw*>(stage + slot_row(k) * COLS + c);
-        rx = *reinterpret_cast<const Raw*>(stage + (ROWS + slot_row(k)) * COLS + c);
+      if (EXACT || k < LW::WIN) {
+        rs = *reinterpret_cast<const Raw*>(lane_rows + j * COLS);
+        rx = *reinterpret_cast<const Raw*>(lane_rows + (ROWS + j) * COLS);
       }
       float sc[VEC];
       raw_to_f32<VEC>(rs, sc);
