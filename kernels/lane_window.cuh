@@ -359,6 +359,8 @@ template <int TX, int LANES>
 struct ColumnLanes {
   static constexpr int K = (TX < 32 && 32 % TX == 0) ? 32 / TX : 1;
   static_assert(LANES % K == 0, "whole warps of lanes");
+  // NOTE: the loops over PER_THREAD lanes unroll by 8, not fully: 16 lanes unrolled spilled
+  // 12-20 B in the 512-thread ring kernels (64 registers), tuner candidates that CI compiles.
   static constexpr int PER_THREAD = LANES / K;
   // Lane row q = first() + i * K of the column's i-th lane for this thread.
   static __device__ __forceinline__ int first() { return static_cast<int>(threadIdx.y) % K; }
@@ -366,7 +368,7 @@ struct ColumnLanes {
   static __device__ __forceinline__ float max(const float* m, int stride) {
     float M = neg_inf();
     m += first() * stride;
-#pragma unroll
+#pragma unroll 8
     for (int i = 0; i < PER_THREAD; ++i) M = fmaxf(M, m[i * K * stride]);
 #pragma unroll
     for (int o = TX; o < 32 && K > 1; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
@@ -379,7 +381,7 @@ struct ColumnLanes {
     float sum = 0.0f;
     m += first() * stride;
     part += first() * stride;
-#pragma unroll
+#pragma unroll 8
     for (int i = 0; i < PER_THREAD; ++i) {
       const float mq = m[i * K * stride];
       if (mq == neg_inf()) continue;  // empty lane: contributes nothing
@@ -392,7 +394,7 @@ struct ColumnLanes {
   static __device__ __forceinline__ float sum(const float* part, int stride) {
     float s = 0.0f;
     part += first() * stride;
-#pragma unroll
+#pragma unroll 8
     for (int i = 0; i < PER_THREAD; ++i) s = __fadd_rn(s, part[i * K * stride]);
     return butterfly_sum(s);
   }
