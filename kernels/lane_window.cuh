@@ -359,17 +359,14 @@ template <int TX, int LANES>
 struct ColumnLanes {
   static constexpr int K = (TX < 32 && 32 % TX == 0) ? 32 / TX : 1;
   static_assert(LANES % K == 0, "whole warps of lanes");
-  // NOTE: the loops over PER_THREAD lanes unroll by 8, not fully: 16 lanes unrolled spilled
-  // 12-20 B in the 512-thread ring kernels (64 registers), tuner candidates that CI compiles.
+  // Lanes first(), first() + K, ... of the column: every K-th lane row.
+  // NOTE: merged_max / merged_sum unroll by 8, not fully: 16 lanes unrolled spilled 12-20 B in
+  // the 512-thread ring kernels (64 registers), tuner candidates that CI compiles.
   static constexpr int PER_THREAD = LANES / K;
-  // Lane row q = first() + i * K of the column's i-th lane for this thread.
   static __device__ __forceinline__ int first() { return static_cast<int>(threadIdx.y) % K; }
 
   static __device__ __forceinline__ float max(const float* m, int stride) {
-    float M = neg_inf();
-    m += first() * stride;
-#pragma unroll 8
-    for (int i = 0; i < PER_THREAD; ++i) M = fmaxf(M, m[i * K * stride]);
+    float M = merged_max<PER_THREAD, false>(m + first() * stride, K * stride);
 #pragma unroll
     for (int o = TX; o < 32 && K > 1; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     return M;
@@ -378,17 +375,8 @@ struct ColumnLanes {
   template <bool FAST_EXP>
   static __device__ __forceinline__ float rescaled_sum(const float* m, const float* part,
                                                        int stride, float M) {
-    float sum = 0.0f;
-    m += first() * stride;
-    part += first() * stride;
-#pragma unroll 8
-    for (int i = 0; i < PER_THREAD; ++i) {
-      const float mq = m[i * K * stride];
-      if (mq == neg_inf()) continue;  // empty lane: contributes nothing
-      sum =
-          __fadd_rn(sum, __fmul_rn(part[i * K * stride], softmax_exp<FAST_EXP>(__fsub_rn(mq, M))));
-    }
-    return butterfly_sum(sum);
+    return butterfly_sum(merged_sum<PER_THREAD, FAST_EXP>(m + first() * stride,
+                                                          part + first() * stride, K * stride, M));
   }
 
   static __device__ __forceinline__ float sum(const float* part, int stride) {
