@@ -109,6 +109,54 @@ __device__ __forceinline__ void accumulate_dot(const float (&g)[VEC], const floa
       S[v] = __fadd_rn(S[v], __fmul_rn(__fmul_rn(g[v], kv[k][v]), pr[k][v]));
 }
 
+// Atomic mode, overwriting, one launch: grad_ape is zeroed by the kernel itself, one column
+// block at a time, by the first of its CTAs to finish its rows; the others wait for that before
+// their adds. Per column block one state word in p.workspace (zero when first allocated)
+// moves through the call's epoch (p.epoch, new on every call of the stream): 2 * epoch once
+// claimed, 2 * epoch + 1 once zeroed. The first CTA to finish is running, so no CTA waits for
+// one that is not. Returns with the CTA's adds ordered after the zeroing.
+// NOTE: acquire / release at gpu scope (not fences), so that a CTA's own pending gradient
+// stores are not drained on the way; the barriers carry the order to the CTA's other threads.
+template <int COFF, int HEAD_DIM, int SLOTS, int ROW_FLOATS>
+__device__ __forceinline__ void zero_grad_ape_once(const BackwardParams& p) {
+  constexpr int RATIO = SLOTS / COFF;
+  constexpr int W = COFF * HEAD_DIM;
+  __shared__ int claimed, ready;
+  unsigned* const state = reinterpret_cast<unsigned*>(p.workspace) + blockIdx.x;
+  const unsigned claim = 2u * static_cast<unsigned>(p.epoch);
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  if (t == 0) {
+    unsigned old;
+    asm volatile("atom.acquire.gpu.global.max.u32 %0, [%1], %2;"
+                 : "=r"(old)
+                 : "l"(state), "r"(claim)
+                 : "memory");
+    claimed = old < claim;
+    ready = old == claim + 1u;
+  }
+  __syncthreads();
+  if (claimed) {
+    const int col0 = blockIdx.x * ROW_FLOATS;
+    for (int e = t; e < SLOTS * ROW_FLOATS; e += blockDim.x * blockDim.y) {
+      const int slot = e / ROW_FLOATS;
+      const int c = e - slot * ROW_FLOATS;
+      if (col0 + c < HEAD_DIM)
+        p.grad_ape[(slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c] = 0.0f;
+    }
+    __syncthreads();
+    if (t == 0)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(state), "r"(claim + 1u) : "memory");
+  } else if (t == 0 && !ready) {
+    for (;;) {
+      unsigned now;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(state) : "memory");
+      if (now == claim + 1u) break;
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+}
+
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
 __global__ void __launch_bounds__(TX* TY)
     short_window_backward(const __grid_constant__ BackwardParams p) {
@@ -231,6 +279,9 @@ __global__ void __launch_bounds__(TX* TY)
   // writes one partial (or one atomic) per element, consecutive threads on consecutive floats.
   constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
   constexpr int ROW_FLOATS = TX * VEC;  // one slot's columns in this CTA
+  if constexpr (!FIXED_ORDER) {
+    if (p.workspace != nullptr) zero_grad_ape_once<COFF, HEAD_DIM, SLOTS, ROW_FLOATS>(p);
+  }
   if constexpr (TY > 1) {
     __shared__ float fold[TY][SLOTS][ROW_FLOATS];
 #pragma unroll
@@ -261,29 +312,28 @@ __global__ void __launch_bounds__(TX* TY)
         atomicAdd(dst + idx, sum);
       }
     }
-    return;
-  }
-  if (!active) return;
-  float* dst =
-      FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
+  } else if (active) {
+    float* dst =
+        FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
 #pragma unroll
-  for (int v = 0; v < VEC; ++v) {
-    if constexpr (COFF == 2) {
+    for (int v = 0; v < VEC; ++v) {
+      if constexpr (COFF == 2) {
+#pragma unroll
+        for (int k = 0; k < RATIO; ++k) {
+          if (FIXED_ORDER) {
+            dst[k * W + col + v] = dape_prev[k][v];
+          } else {
+            atomicAdd(dst + k * W + col + v, dape_prev[k][v]);
+          }
+        }
+      }
 #pragma unroll
       for (int k = 0; k < RATIO; ++k) {
         if (FIXED_ORDER) {
-          dst[k * W + col + v] = dape_prev[k][v];
+          dst[k * W + OWN + col + v] = dape_own[k][v];
         } else {
-          atomicAdd(dst + k * W + col + v, dape_prev[k][v]);
+          atomicAdd(dst + k * W + OWN + col + v, dape_own[k][v]);
         }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < RATIO; ++k) {
-      if (FIXED_ORDER) {
-        dst[k * W + OWN + col + v] = dape_own[k][v];
-      } else {
-        atomicAdd(dst + k * W + OWN + col + v, dape_own[k][v]);
       }
     }
   }

@@ -20,6 +20,7 @@ struct FakeState {
   std::atomic<int> library_loads{0};
   std::atomic<int> launches{0};
   std::atomic<int> allocations{0};
+  std::atomic<int> memsets{0};
   std::atomic<int> attribute_queries{0};
   std::atomic<int> context_id_queries{0};
   std::atomic<int> current_device{0};  // device 0: sm_90, 132 SMs; device 1: sm_80, 108 SMs
@@ -143,6 +144,7 @@ CUresult CUDAAPI fake_mem_free(CUdeviceptr) {
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_memset(CUdeviceptr, unsigned, std::size_t, CUstream) {
+  ++state().memsets;
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_error_name(CUresult, const char** s) {
@@ -236,6 +238,7 @@ class FakeDriver : public ::testing::Test {
     state().library_loads = 0;
     state().launches = 0;
     state().allocations = 0;
+    state().memsets = 0;
     state().attribute_queries = 0;
     state().context_id_queries = 0;
     state().current_device = 0;
@@ -309,6 +312,42 @@ TEST_F(FakeDriver, BackwardWorkspaceIsKeptPerStreamAndContext) {
     EXPECT_EQ(state().allocations, 4) << "device 1's NULL stream shared device 0's workspace";
     EXPECT_EQ(state().context_id_queries, 3);
   }
+}
+
+// coff * head_dim >= 512: the default backward sums grad_ape with atomics.
+TEST_F(FakeDriver, AtomicBackwardIsOneLaunchOutsideCapture) {
+  const Config wide{2, 512, 2};
+  FakeRuntime rt;
+  rt.service.prewarm(wide, 0, Family::kAuto);
+  // Overwriting: the kernel zeroes grad_ape itself, with the stream's state words, allocated
+  // and zeroed once; then one launch a call.
+  for (int i = 0; i < 3; ++i) rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 3);
+  EXPECT_EQ(state().allocations, 1);
+  EXPECT_EQ(state().memsets, 1) << "the state words are zeroed when allocated, not per call";
+  // Accumulating: straight into grad_ape, no workspace.
+  BackwardArgs accumulate = backward_args(wide);
+  accumulate.flags = kAccumulateGradApe;
+  rt.service.backward(accumulate, kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 4);
+  EXPECT_EQ(state().memsets, 1);
+  // Deterministic: the kernel and the fixed-order reduction, partials in their own workspace.
+  BackwardArgs deterministic = backward_args(wide);
+  deterministic.flags = kDeterministic;
+  rt.service.backward(deterministic, kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 6);
+  EXPECT_EQ(state().allocations, 2) << "the partials shared the state words";
+  // Another stream: its own state words.
+  rt.service.backward(backward_args(wide), reinterpret_cast<CUstream>(0x6000), Family::kAuto);
+  EXPECT_EQ(state().launches, 7);
+  EXPECT_EQ(state().allocations, 3);
+  EXPECT_EQ(state().memsets, 2);
+  // Under capture every replay would repeat one epoch: memset of grad_ape + kernel.
+  state().capturing = true;
+  rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 8);
+  EXPECT_EQ(state().memsets, 3);
+  EXPECT_EQ(state().allocations, 3);
 }
 
 TEST_F(FakeDriver, JitDisabledTurnsAColdKeyIntoAnError) {

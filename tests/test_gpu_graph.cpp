@@ -1,11 +1,13 @@
 // Graph capture and concurrency on the device: forward + backward captured at static
 // capacities and replayed while the offsets' contents change, grad_ape overwrite and
-// accumulate under replay, a cold configuration under capture (global and relaxed modes), and
-// many threads calling on their own streams.
+// accumulate under replay, the atomic grad_ape published per call on several streams, a cold
+// configuration under capture (global and relaxed modes), and many threads calling on their
+// own streams.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "api/runtime_impl.hpp"
@@ -190,6 +192,68 @@ INSTANTIATE_TEST_SUITE_P(Graph, Capture,
                                   std::to_string(param_info.param.coff) + "d" +
                                   std::to_string(param_info.param.head_dim);
                          });
+
+// The default backward of coff * head_dim >= 512 sums grad_ape with atomics: outside capture
+// the kernel zeroes grad_ape itself, per column block, through the stream's state words and a
+// new epoch per call. Calls of several such configurations, interleaved on two streams with
+// deterministic and accumulating calls (another workspace, or none) and with captured replays
+// (memset + kernel): every grad_ape (NaN-poisoned before each call) within 1e-3 of the
+// deterministic one, no call seeing another's sums; grad_kv / grad_score bitwise the same.
+TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
+  const std::vector<Config> configs = {{2, 512, 2}, {4, 512, 2}, {16, 512, 1}, {16, 512, 2}};
+  std::vector<Problem> problems;
+  std::vector<std::unique_ptr<DeviceProblem>> dps;
+  std::vector<Outputs::Host> expected;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    problems.push_back(make_problem(configs[i], {1023, 2048, 509}, kExtraTokens, kExtraRows,
+                                    base_seed() + 40 + static_cast<unsigned>(i)));
+    dps.push_back(std::make_unique<DeviceProblem>(problems.back()));
+    Outputs o(problems.back());
+    o.poison(nullptr);
+    g_runtime->forward(o.forward(*dps.back()), nullptr);
+    g_runtime->backward(o.backward(*dps.back(), kDeterministic), nullptr);
+    device::synchronize(*g_runtime, nullptr);
+    expected.push_back(o.download());
+    ASSERT_EQ(unwritten(expected.back()), "") << problems.back().describe();
+  }
+  device::StreamHandle first(*g_runtime), second(*g_runtime);
+  std::vector<std::unique_ptr<Outputs>> outs;
+  for (const Problem& p : problems) outs.push_back(std::make_unique<Outputs>(p));
+  auto check = [&](std::size_t i, const std::string& what) {
+    const Outputs::Host h = outs[i]->download();
+    SCOPED_TRACE(problems[i].describe() + ", " + what + " (seed " + std::to_string(base_seed()) +
+                 ")");
+    ASSERT_EQ(h.kv, expected[i].kv);
+    ASSERT_EQ(h.score, expected[i].score);
+    for (std::size_t e = 0; e < h.ape.size(); ++e)
+      ASSERT_NEAR(h.ape[e], expected[i].ape[e], 1e-3) << "grad_ape[" << e << "]";
+  };
+  for (int round = 0; round < 12; ++round) {
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      const Stream s = (round + i) % 2 == 0 ? first.get() : second.get();
+      outs[i]->poison(s);
+      const std::uint32_t other = round % 3 == 0 ? kDeterministic : kAccumulateGradApe;
+      if (round % 3 != 2) g_runtime->backward(outs[i]->backward(*dps[i], other), s);
+      outs[i]->poison(s);  // NaN grad_ape: the published call must overwrite it
+      g_runtime->backward(outs[i]->backward(*dps[i], 0), s);
+    }
+    first.synchronize();
+    second.synchronize();
+    for (std::size_t i = 0; i < configs.size(); ++i) check(i, "round " + std::to_string(round));
+  }
+  // Captured: the memset of grad_ape and the kernel, replayed twice.
+  const Plan plan(*g_runtime, configs[0], 0);
+  device::Graph graph(*g_runtime, first.get(),
+                      [&] { plan.backward(outs[0]->backward(*dps[0], 0), first.get()); });
+  for (int replay = 1; replay <= 2; ++replay) {
+    outs[0]->poison(first.get());
+    graph.launch(first.get());
+    g_runtime->backward(outs[1]->backward(*dps[1], 0), first.get());
+    first.synchronize();
+    check(0, "replay " + std::to_string(replay));
+    check(1, "after replay " + std::to_string(replay));
+  }
+}
 
 // A configuration no call has prepared, met under capture: a kCaptureUnsafe error naming it and
 // saying how to prewarm; the capture ends cleanly and a normal call afterwards works.

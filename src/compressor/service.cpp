@@ -103,7 +103,8 @@ Service::~Service() {
   for (const auto& w : workspaces_) d->api().cuMemFree(w.ptr);
 }
 
-CUdeviceptr Service::stream_workspace(CUstream stream, std::size_t bytes) {
+CUdeviceptr Service::stream_workspace(CUstream stream, std::size_t bytes, WorkspaceUse use,
+                                      std::uint32_t* epoch) {
   driver::Driver& d = loader_.get();
   if (launch::is_capturing(d, stream)) return 0;
   unsigned long long stream_id = 0;
@@ -120,19 +121,37 @@ CUdeviceptr Service::stream_workspace(CUstream stream, std::size_t bytes) {
   }
   std::lock_guard<std::mutex> lock(workspace_mutex_);
   auto it = std::find_if(workspaces_.begin(), workspaces_.end(), [&](const StreamWorkspace& w) {
-    return w.context_id == context_id && w.stream_id == stream_id;
+    return w.context_id == context_id && w.stream_id == stream_id && w.use == use;
   });
-  if (it != workspaces_.end() && it->bytes >= bytes) return it->ptr;
+  if (it != workspaces_.end() && it->bytes >= bytes) {
+    if (use == WorkspaceUse::kZeroed) {
+      // NOTE: state words hold 2 * epoch + 1 (uint32): past 2^31 - 1 calls the words are
+      // zeroed again (stream-ordered) and the epochs start over.
+      if (it->epoch >= kMaxEpoch) {
+        d.check(d.api().cuMemsetD32Async(it->ptr, 0, it->bytes / sizeof(std::uint32_t), stream),
+                "cuMemsetD32Async (grad_ape state words)");
+        it->epoch = 0;
+      }
+      *epoch = ++it->epoch;
+    }
+    return it->ptr;
+  }
   const std::size_t grown = std::max<std::size_t>(bytes, 1 << 20);
   CUdeviceptr ptr = 0;
   d.check(d.api().cuMemAllocAsync(&ptr, grown, stream), "cuMemAllocAsync (grad_ape workspace)");
+  if (use == WorkspaceUse::kZeroed) {
+    d.check(d.api().cuMemsetD32Async(ptr, 0, grown / sizeof(std::uint32_t), stream),
+            "cuMemsetD32Async (grad_ape state words)");
+    *epoch = 1;
+  }
   if (it != workspaces_.end()) {
     // Stream-ordered: freed after every kernel already queued on this stream that uses it.
     d.api().cuMemFreeAsync(it->ptr, stream);
     it->ptr = ptr;
     it->bytes = grown;
+    it->epoch = 1;
   } else {
-    workspaces_.push_back({context_id, stream_id, ptr, grown});
+    workspaces_.push_back({context_id, stream_id, use, ptr, grown, 1});
   }
   return ptr;
 }
@@ -431,6 +450,21 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   shape.programmatic = p.programmatic;
   const bool fixed_order = (a.flags & kDeterministic) != 0 || s.fixed_order_default;
   if (!fixed_order) {
+    // Overwriting grad_ape outside capture: one launch, the kernel zeroes grad_ape itself
+    // (zero_grad_ape_once) with the stream's state words and a new epoch. Under capture (every
+    // replay would repeat one epoch) a memset of grad_ape comes first, as it does for callers
+    // who accumulate (no zeroing at all).
+    if (!accumulate) {
+      const std::size_t bytes = static_cast<std::size_t>(grid.grid_x) * sizeof(std::uint32_t);
+      std::uint32_t epoch = 0;
+      const CUdeviceptr state = stream_workspace(stream, bytes, WorkspaceUse::kZeroed, &epoch);
+      if (state != 0) {
+        params.workspace = device_ptr<float>(state);
+        params.epoch = static_cast<csa_i32>(epoch);
+        launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
+        return;
+      }
+    }
     if (!accumulate) {
       d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_ape), 0,
                                        static_cast<std::size_t>(ape_elems), stream),

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -121,19 +122,27 @@ class Service {
   bool fast_launch_ = true;  // CSA_FAST_LAUNCH=0: no record cache, everything resolved per call
   bool programmatic_launch_ = true;  // CSA_PROGRAMMATIC_LAUNCH=0: plain stream serialization
 
-  // Scratch for the fixed-order grad_ape partials, one per (context, stream), grown on demand.
+  // Scratch per (context, stream), grown on demand: the fixed-order grad_ape partials, and the
+  // atomic backward's state words (kZeroed: zeroed when allocated; each call gets the next
+  // epoch, which the words are compared against, so they need no clearing between calls).
   // NOTE: keyed by the driver's unique context and stream ids, never by handle values, which
   // can be reused after a stream is destroyed while its work is still running.
+  enum class WorkspaceUse { kPartials, kZeroed };
   struct StreamWorkspace {
     // 0 for an application-created stream: its id is unique for the life of the process.
     unsigned long long context_id = 0;
     unsigned long long stream_id = 0;
+    WorkspaceUse use = WorkspaceUse::kPartials;
     CUdeviceptr ptr = 0;
     std::size_t bytes = 0;
+    std::uint32_t epoch = 0;  // kZeroed: the last call's epoch
   };
+  static constexpr std::uint32_t kMaxEpoch = (1u << 31) - 1;
   // A workspace of at least `bytes` usable in stream order on `stream`, or 0 when the stream
-  // is capturing (the caller then allocates inside the graph).
-  CUdeviceptr stream_workspace(CUstream stream, std::size_t bytes);
+  // is capturing (the caller then allocates inside the graph). kZeroed also sets `*epoch`.
+  CUdeviceptr stream_workspace(CUstream stream, std::size_t bytes,
+                               WorkspaceUse use = WorkspaceUse::kPartials,
+                               std::uint32_t* epoch = nullptr);
   std::mutex workspace_mutex_;
   std::vector<StreamWorkspace> workspaces_;
 
