@@ -28,6 +28,55 @@ __global__ void __launch_bounds__(32 * LANES)
   p.grad_ape[e] = p.accumulate ? __fadd_rn(p.grad_ape[e], total) : total;
 }
 
+// The same fixed-order sum for few groups over many elements (the long-window backward with
+// at most 16 row groups, of ratio * W floats each): each thread sums 4 consecutive
+// elements (16-byte loads) over groups lane, lane + LANES, ... in order, then the LANES lane
+// sums are added in lane order. Block (256 / LANES, LANES): always 256 threads, so a few
+// groups need no more CTAs than many. Needs elements % 4 == 0 and 16-byte aligned buffers.
+template <int LANES>
+__global__ void __launch_bounds__(256) ape_reduce_quads(const __grid_constant__ ApeReduceParams p) {
+  pdl_enter();
+  constexpr int X = 256 / LANES;
+  __shared__ float4 part[LANES][X];
+  const int quads = p.elements / 4;
+  const int q = blockIdx.x * X + threadIdx.x;
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (q < quads) {
+    const float4* src = reinterpret_cast<const float4*>(p.workspace) + q;
+#pragma unroll 8
+    for (int g = threadIdx.y; g < p.groups; g += LANES) {
+      const float4 v = __ldg(src + static_cast<long long>(g) * quads);
+      s.x = __fadd_rn(s.x, v.x);
+      s.y = __fadd_rn(s.y, v.y);
+      s.z = __fadd_rn(s.z, v.z);
+      s.w = __fadd_rn(s.w, v.w);
+    }
+  }
+  if constexpr (LANES > 1) {
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0) return;
+#pragma unroll
+    for (int y = 1; y < LANES; ++y) {
+      const float4 v = part[y][threadIdx.x];
+      s.x = __fadd_rn(s.x, v.x);
+      s.y = __fadd_rn(s.y, v.y);
+      s.z = __fadd_rn(s.z, v.z);
+      s.w = __fadd_rn(s.w, v.w);
+    }
+  }
+  if (q >= quads) return;
+  float4* dst = reinterpret_cast<float4*>(p.grad_ape) + q;
+  if (p.accumulate) {
+    const float4 a = *dst;
+    s.x = __fadd_rn(a.x, s.x);
+    s.y = __fadd_rn(a.y, s.y);
+    s.z = __fadd_rn(a.z, s.z);
+    s.w = __fadd_rn(a.w, s.w);
+  }
+  *dst = s;
+}
+
 // Checks the offset arrays on the device; reports the first inconsistency.
 // Rules: 1 cu[0] != 0 or cuc[0] != 0; 2 cu decreasing; 3 cu[B] > total_tokens;
 // 4 cuc step != floor(seqlen / ratio); 5 cuc[B] > total_comp.

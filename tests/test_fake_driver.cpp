@@ -375,6 +375,39 @@ TEST_F(FakeDriver, LongWindowGridCoversEveryRowAndColumnSlice) {
   EXPECT_GE(cols * 2, 64u);  // vec 1 or 2 columns per lane cover head_dim 64
 }
 
+// The grad_ape reduction after a long-window backward: the 16-byte kernel (256 threads, 1 or 2
+// lanes) up to 16 row groups, the scalar one (32 x 8) beyond; either covers every element.
+TEST_F(FakeDriver, LongWindowReductionFitsTheRowGroups) {
+  FakeRuntime rt;
+  bool scalar = false, quads = false;
+  for (const auto& [c, rows] : std::vector<std::pair<Config, std::int64_t>>{
+           {{128, 512, 2}, 8}, {{128, 512, 2}, 32}, {{128, 128, 1}, 1024}}) {
+    const std::int64_t elements = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
+    BackwardArgs a = backward_args(c);
+    a.total_tokens = rows * c.ratio;
+    a.total_comp = rows;
+    rt.service.backward(a, kStream, Family::kAuto);
+    std::lock_guard<std::mutex> lock(state().mutex);
+    ASSERT_GE(state().grids.size(), 2u);
+    const auto& kernel = state().grids[state().grids.size() - 2];
+    const auto& reduce = state().grids.back();
+    const unsigned groups = kernel[0];
+    SCOPED_TRACE("rows " + std::to_string(rows) + ", groups " + std::to_string(groups));
+    if (groups <= 16) {
+      quads = true;
+      EXPECT_EQ(reduce[2] * reduce[3], 256u);
+      EXPECT_EQ(reduce[3], groups <= 8 ? 1u : 2u);
+      EXPECT_GE(static_cast<std::int64_t>(reduce[0]) * reduce[2] * 4, elements);
+    } else {
+      scalar = true;
+      EXPECT_EQ(reduce[2], 32u);
+      EXPECT_EQ(reduce[3], static_cast<unsigned>(compressor::kApeReduceLanes));
+      EXPECT_GE(static_cast<std::int64_t>(reduce[0]) * 32, elements);
+    }
+  }
+  EXPECT_TRUE(scalar && quads) << "both kernels should have been chosen once";
+}
+
 TEST_F(FakeDriver, ShortWindowForwardGridCoversEveryRowVector) {
   FakeRuntime rt;
   const auto s = schedule::select_short_window(kShort);

@@ -221,6 +221,16 @@ INSTANTIATE_TEST_SUITE_P(Configs, LongWindow,
                                   std::to_string(std::get<2>(param_info.param));
                          });
 
+// ratio * W not a multiple of 4: grad_ape through the scalar reduction kernel (the others
+// take the 16-byte one).
+INSTANTIATE_TEST_SUITE_P(OddApeSize, LongWindow,
+                         ::testing::Values(std::make_tuple(17, 1, 65), std::make_tuple(33, 1, 65)),
+                         [](const auto& param_info) {
+                           return "r" + std::to_string(std::get<0>(param_info.param)) + "_c" +
+                                  std::to_string(std::get<1>(param_info.param)) + "_d" +
+                                  std::to_string(std::get<2>(param_info.param));
+                         });
+
 // The staged form in the serial order (selectable through a schedule table, not shipped):
 // out, grad_kv and grad_score bitwise equal to the reference.
 TEST_F(Gpu, StagedSerialScheduleIsBitwise) {

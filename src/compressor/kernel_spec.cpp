@@ -84,6 +84,11 @@ ModuleSpec make_long_window_spec(const Config& c,
   }
   s.ape_reduce = static_cast<int>(req.name_expressions.size());
   req.name_expressions.push_back(fmt::format("csa_kernel::ape_reduce<{}>", kApeReduceLanes));
+  if ((static_cast<long long>(c.ratio) * c.coff * c.head_dim) % 4 == 0) {
+    s.ape_reduce_quads = static_cast<int>(req.name_expressions.size());
+    for (int lanes : kApeReduceQuadLanes)
+      req.name_expressions.push_back(fmt::format("csa_kernel::ape_reduce_quads<{}>", lanes));
+  }
   if (slots != nullptr) *slots = s;
   const std::string label = fmt::format("long-r{}-c{}-d{}-{}", c.ratio, c.coff, c.head_dim, arch);
   req.source_name = label + ".cu";

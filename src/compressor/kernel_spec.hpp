@@ -2,6 +2,7 @@
 // and the options, and from them the cache key. Shared by calls and prewarm (one key function).
 #pragma once
 
+#include <array>
 #include <string>
 
 #include "cache/key.hpp"
@@ -30,15 +31,24 @@ enum ReferenceKernel : int {
 };
 
 // Kernel slots of a long-window module: the forward kernels (one per distinct bucket kernel),
-// then the backward kernels, then the grad_ape reduction.
+// then the backward kernels, then the grad_ape reductions: the scalar one, and where
+// ratio * W % 4 == 0 the 16-byte one at each of kApeReduceQuadLanes (ape_reduce_quads).
 struct LongWindowSlots {
   int forward_begin = 0;
   int backward_begin = 0;
   int ape_reduce = 0;
+  int ape_reduce_quads = -1;  // the first of kApeReduceQuadLanes.size() slots, or -1
 };
 
-// Lanes per column of the long-window grad_ape reduction kernel.
+// Lanes per column of the long-window scalar grad_ape reduction kernel.
 inline constexpr int kApeReduceLanes = 8;
+// Lanes over the row groups of the 16-byte reduction, one kernel each: a call with at most 8
+// groups per lane takes the fewest lanes that do it; more groups take the scalar kernel.
+// H200, long-window backward kernel us (scalar -> 16-byte): 8 groups (128,2,512) 1x4096
+// 21.7 -> 19.1, 1x8192 34.4 -> 32.0, 1x65536 209.9 -> 208.1; 16 groups (128,1,512) 1x131072
+// 196.5 -> 193.1; but 4 or 8 lanes over 32-66 groups ran slower (128,1,128,1x8192 8.1 -> 9.0,
+// 1x65536 28.0 -> 28.9; 128,2,128,1x4096 9.7 -> 10.2).
+inline constexpr std::array<int, 2> kApeReduceQuadLanes = {1, 2};
 
 struct CompileOptions {
   bool ptxas_verbose = true;

@@ -50,7 +50,8 @@ struct Prepared {
   std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
   std::vector<PreparedBucket> long_backward;
   int long_ape_reduce_slot = 0;
-  bool programmatic = false;  // launch with programmatic dependent launch (sm_90+)
+  int long_ape_reduce_quads_slot = -1;  // LongWindowSlots::ape_reduce_quads
+  bool programmatic = false;            // launch with programmatic dependent launch (sm_90+)
   std::shared_ptr<const cache::LoadedModule> module;
   CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
 };

@@ -73,6 +73,7 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
   p.long_forward = buckets_of(Direction::kForward, forward, slots.forward_begin);
   p.long_backward = buckets_of(Direction::kBackward, backward, slots.backward_begin);
   p.long_ape_reduce_slot = slots.ape_reduce;
+  p.long_ape_reduce_quads_slot = slots.ape_reduce_quads;
 }
 
 namespace {
@@ -136,8 +137,29 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
   set_block(shape, b, p.programmatic);
   launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
-  launch_ape_reduce(d, p.kernel(p.long_ape_reduce_slot), params.workspace, a, ape_elems,
-                    grid.row_groups, kApeReduceLanes, p.programmatic, stream);
+  // The fewest lanes of the 16-byte reduction that leave each at most 8 groups (256-thread
+  // CTAs, one per 256 / lanes quads of grad_ape); the scalar one where none does.
+  std::size_t i = 0;
+  while (i < kApeReduceQuadLanes.size() && grid.row_groups > 8 * kApeReduceQuadLanes[i]) ++i;
+  if (p.long_ape_reduce_quads_slot < 0 || i == kApeReduceQuadLanes.size()) {
+    launch_ape_reduce(d, p.kernel(p.long_ape_reduce_slot), params.workspace, a, ape_elems,
+                      grid.row_groups, kApeReduceLanes, p.programmatic, stream);
+    return;
+  }
+  const int lanes = kApeReduceQuadLanes[i];
+  csa_kernel::ApeReduceParams reduce{};
+  reduce.workspace = params.workspace;
+  reduce.grad_ape = a.grad_ape;
+  reduce.elements = static_cast<csa_i32>(ape_elems);
+  reduce.groups = grid.row_groups;
+  reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;
+  launch::LaunchShape reduce_shape;
+  reduce_shape.block_x = static_cast<unsigned>(256 / lanes);
+  reduce_shape.block_y = static_cast<unsigned>(lanes);
+  reduce_shape.grid_x = detail::blocks_for(ape_elems / 4, reduce_shape.block_x);
+  reduce_shape.programmatic = p.programmatic;
+  launch::launch(d, p.kernel(p.long_ape_reduce_quads_slot + static_cast<int>(i)), reduce_shape,
+                 reduce, stream, "grad_ape reduction launch");
 }
 
 }  // namespace csa::compressor
