@@ -60,11 +60,20 @@ inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArg
   params.grad_ape = a.grad_ape;
 }
 
+// The CTA of a grad_ape reduction kernel: `columns` x `lanes` threads, each thread summing
+// `per_thread` consecutive elements over its lane's groups (ape_reduce<LANES>: 32 columns, 1
+// element; ape_reduce_quads<LANES>: 256 / LANES columns, 4 elements).
+struct ApeReduceShape {
+  int columns = 32;
+  int lanes = 8;
+  int per_thread = 1;
+};
+
 // The fixed-order sum of `groups` grad_ape partials of `elements` floats each into
 // a.grad_ape (overwritten, or added into with CSA_ACCUMULATE_GRAD_APE).
 inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const float* workspace,
-                              const BackwardArgs& a, std::int64_t elements, int groups, int lanes,
-                              bool programmatic, CUstream stream) {
+                              const BackwardArgs& a, std::int64_t elements, int groups,
+                              const ApeReduceShape& cta, bool programmatic, CUstream stream) {
   csa_kernel::ApeReduceParams reduce{};
   reduce.workspace = workspace;
   reduce.grad_ape = a.grad_ape;
@@ -72,9 +81,10 @@ inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const fl
   reduce.groups = groups;
   reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;
   launch::LaunchShape shape;
-  shape.grid_x = blocks_for(elements, 32);
-  shape.block_x = 32;
-  shape.block_y = static_cast<unsigned>(lanes);
+  shape.grid_x = blocks_for((elements + cta.per_thread - 1) / cta.per_thread,
+                            static_cast<unsigned>(cta.columns));
+  shape.block_x = static_cast<unsigned>(cta.columns);
+  shape.block_y = static_cast<unsigned>(cta.lanes);
   shape.programmatic = programmatic;
   launch::launch(d, kernel, shape, reduce, stream, "grad_ape reduction launch");
 }

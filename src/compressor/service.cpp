@@ -481,7 +481,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   params.workspace = device_ptr<float>(workspace);
   launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
   launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
-                    s.reduce_lanes, p.programmatic, stream);
+                    {32, s.reduce_lanes, 1}, p.programmatic, stream);
 }
 
 OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,

@@ -138,28 +138,18 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   set_block(shape, b, p.programmatic);
   launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
   // The fewest lanes of the 16-byte reduction that leave each at most 8 groups (256-thread
-  // CTAs, one per 256 / lanes quads of grad_ape); the scalar one where none does.
+  // CTAs); the scalar one where none does.
   std::size_t i = 0;
   while (i < kApeReduceQuadLanes.size() && grid.row_groups > 8 * kApeReduceQuadLanes[i]) ++i;
   if (p.long_ape_reduce_quads_slot < 0 || i == kApeReduceQuadLanes.size()) {
     launch_ape_reduce(d, p.kernel(p.long_ape_reduce_slot), params.workspace, a, ape_elems,
-                      grid.row_groups, kApeReduceLanes, p.programmatic, stream);
+                      grid.row_groups, {32, kApeReduceLanes, 1}, p.programmatic, stream);
     return;
   }
   const int lanes = kApeReduceQuadLanes[i];
-  csa_kernel::ApeReduceParams reduce{};
-  reduce.workspace = params.workspace;
-  reduce.grad_ape = a.grad_ape;
-  reduce.elements = static_cast<csa_i32>(ape_elems);
-  reduce.groups = grid.row_groups;
-  reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;
-  launch::LaunchShape reduce_shape;
-  reduce_shape.block_x = static_cast<unsigned>(256 / lanes);
-  reduce_shape.block_y = static_cast<unsigned>(lanes);
-  reduce_shape.grid_x = detail::blocks_for(ape_elems / 4, reduce_shape.block_x);
-  reduce_shape.programmatic = p.programmatic;
-  launch::launch(d, p.kernel(p.long_ape_reduce_quads_slot + static_cast<int>(i)), reduce_shape,
-                 reduce, stream, "grad_ape reduction launch");
+  launch_ape_reduce(d, p.kernel(p.long_ape_reduce_quads_slot + static_cast<int>(i)),
+                    params.workspace, a, ape_elems, grid.row_groups, {256 / lanes, lanes, 4},
+                    p.programmatic, stream);
 }
 
 }  // namespace csa::compressor
