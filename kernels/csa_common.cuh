@@ -22,6 +22,50 @@ __device__ __forceinline__ void pdl_enter() {
 #endif
 }
 
+// Atomic grad_ape, overwriting, in one launch: a column block's grad_ape elements must be
+// zero before any of its CTAs adds into them, and nothing clears memory between calls. The
+// first CTA of the block to get here claims the block and runs zero_block(thread, threads);
+// the block's other CTAs wait until it is done. `state` is the block's word in a per-stream
+// buffer (zero when first allocated) and `epoch` the call's number on that stream (new on every
+// call, > 0): the word holds 2 * epoch once claimed, 2 * epoch + 1 once zeroed. Call it after
+// the CTA's rows, every thread of the CTA: the claimant has then finished its rows, so no CTA
+// waits for one that is not running. Returns with the CTA's later adds ordered after the
+// zeroing.
+// NOTE: acquire / release at gpu scope (not fences), so that a CTA's own pending gradient
+// stores are not drained on the way; the barriers carry the order to the CTA's other threads.
+template <class ZeroBlock>
+__device__ __forceinline__ void zero_once_per_call(unsigned* state, int epoch,
+                                                   const ZeroBlock& zero_block) {
+  __shared__ int claimed, ready;
+  const unsigned claim = 2u * static_cast<unsigned>(epoch);
+  const int threads = blockDim.x * blockDim.y;
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  if (t == 0) {
+    unsigned old;
+    asm volatile("atom.acquire.gpu.global.max.u32 %0, [%1], %2;"
+                 : "=r"(old)
+                 : "l"(state), "r"(claim)
+                 : "memory");
+    claimed = old < claim;
+    ready = old == claim + 1u;
+  }
+  __syncthreads();
+  if (claimed) {
+    zero_block(t, threads);
+    __syncthreads();
+    if (t == 0)
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(state), "r"(claim + 1u) : "memory");
+  } else if (t == 0 && !ready) {
+    for (;;) {
+      unsigned now;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(state) : "memory");
+      if (now == claim + 1u) break;
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+}
+
 __device__ __forceinline__ float bf16_to_f32(unsigned short h) {
   return __uint_as_float(static_cast<unsigned>(h) << 16);
 }

@@ -39,7 +39,7 @@ struct BackwardParams {
   float* grad_ape;  // atomic mode: the adds go straight into it
   // Fixed-order mode: one (ratio, W) partial per row group. Atomic mode: null (grad_ape zeroed
   // by the host, or accumulated into), or the stream's claim words, one per column block, with
-  // which the kernel zeroes grad_ape itself first (zero_grad_ape_once).
+  // which the kernel zeroes grad_ape itself first (zero_once_per_call).
   float* workspace;
   csa_i32 total_tokens;
   csa_i32 num_segments;

@@ -522,7 +522,12 @@ __global__ void __launch_bounds__(
 // STAGES >= 2: through LaneRing, STAGES - 1 rows ahead.
 // Launch bounds: 256 threads, 2 CTAs per SM (128 registers); with the ring (no window loads
 // held in registers, ape in shared memory) 512 threads also keep 2 CTAs per SM (64 registers).
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES, bool FAST_EXP>
+// ATOMIC_APE: the CTA's grad_ape partials are added into grad_ape (atomic mode) instead of
+// written to p.workspace for the fixed-order reduction. A template argument, not a flag: the
+// fixed-order kernel stays exactly the code it was (a runtime branch here cost the ring
+// kernels up to 14 % at 131072 tokens on the H200).
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES, bool FAST_EXP,
+          bool ATOMIC_APE>
 __global__ void __launch_bounds__(TX* LANES,
                                   (TX * LANES <= 256 || (STAGES > 1 && TX * LANES <= 512)) ? 2 : 1)
     lane_window_backward(const __grid_constant__ BackwardParams p) {
@@ -690,6 +695,29 @@ __global__ void __launch_bounds__(TX* LANES,
   }
   zero_unowned<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
 
+  if constexpr (ATOMIC_APE) {
+    // Atomic mode: this CTA's partials go straight into grad_ape, zeroed first by the column
+    // slice's first CTA to get here when the call overwrites it outside capture.
+    if (p.workspace != nullptr) {
+      zero_once_per_call(reinterpret_cast<unsigned*>(p.workspace) + blockIdx.y, p.epoch,
+                         [&](int t, int threads) {
+                           for (int e = t; e < LW::WIN * COLS; e += threads) {
+                             const int k = e / COLS;
+                             const int c = col0 + e - k * COLS;
+                             if (c < HEAD_DIM) p.grad_ape[G::ape_index(k, c)] = 0.0f;
+                           }
+                         });
+    }
+    if (!active || row_end <= row_begin) return;  // no rows: nothing to add
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      if (k >= LW::WIN) continue;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) atomicAdd(p.grad_ape + G::ape_index(k, col + v), dape[j][v]);
+    }
+    return;
+  }
   if (!active) return;
   float* dst = p.workspace + static_cast<long long>(blockIdx.x) * (RATIO * LW::W);
 #pragma unroll

@@ -109,52 +109,23 @@ __device__ __forceinline__ void accumulate_dot(const float (&g)[VEC], const floa
       S[v] = __fadd_rn(S[v], __fmul_rn(__fmul_rn(g[v], kv[k][v]), pr[k][v]));
 }
 
-// Atomic mode, overwriting, one launch: grad_ape is zeroed by the kernel itself, one column
-// block at a time, by the first of its CTAs to finish its rows; the others wait for that before
-// their adds. Per column block one state word in p.workspace (zero when first allocated)
-// moves through the call's epoch (p.epoch, new on every call of the stream): 2 * epoch once
-// claimed, 2 * epoch + 1 once zeroed. The first CTA to finish is running, so no CTA waits for
-// one that is not. Returns with the CTA's adds ordered after the zeroing.
-// NOTE: acquire / release at gpu scope (not fences), so that a CTA's own pending gradient
-// stores are not drained on the way; the barriers carry the order to the CTA's other threads.
+// Atomic mode, overwriting, one launch: the first CTA of each column block to finish its rows
+// zeroes the block's grad_ape elements before any of the block's adds (zero_once_per_call).
+// Columns [blockIdx.x * ROW_FLOATS, + ROW_FLOATS) of each of the SLOTS window slots.
 template <int COFF, int HEAD_DIM, int SLOTS, int ROW_FLOATS>
 __device__ __forceinline__ void zero_grad_ape_once(const BackwardParams& p) {
   constexpr int RATIO = SLOTS / COFF;
   constexpr int W = COFF * HEAD_DIM;
-  __shared__ int claimed, ready;
-  unsigned* const state = reinterpret_cast<unsigned*>(p.workspace) + blockIdx.x;
-  const unsigned claim = 2u * static_cast<unsigned>(p.epoch);
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  if (t == 0) {
-    unsigned old;
-    asm volatile("atom.acquire.gpu.global.max.u32 %0, [%1], %2;"
-                 : "=r"(old)
-                 : "l"(state), "r"(claim)
-                 : "memory");
-    claimed = old < claim;
-    ready = old == claim + 1u;
-  }
-  __syncthreads();
-  if (claimed) {
-    const int col0 = blockIdx.x * ROW_FLOATS;
-    for (int e = t; e < SLOTS * ROW_FLOATS; e += blockDim.x * blockDim.y) {
-      const int slot = e / ROW_FLOATS;
-      const int c = e - slot * ROW_FLOATS;
-      if (col0 + c < HEAD_DIM)
-        p.grad_ape[(slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c] = 0.0f;
-    }
-    __syncthreads();
-    if (t == 0)
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(state), "r"(claim + 1u) : "memory");
-  } else if (t == 0 && !ready) {
-    for (;;) {
-      unsigned now;
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(state) : "memory");
-      if (now == claim + 1u) break;
-      __nanosleep(64);
-    }
-  }
-  __syncthreads();
+  const int col0 = blockIdx.x * ROW_FLOATS;
+  zero_once_per_call(
+      reinterpret_cast<unsigned*>(p.workspace) + blockIdx.x, p.epoch, [&](int t, int threads) {
+        for (int e = t; e < SLOTS * ROW_FLOATS; e += threads) {
+          const int slot = e / ROW_FLOATS;
+          const int c = e - slot * ROW_FLOATS;
+          if (col0 + c < HEAD_DIM)
+            p.grad_ape[(slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c] = 0.0f;
+        }
+      });
 }
 
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>

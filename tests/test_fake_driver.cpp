@@ -3,12 +3,15 @@
 // counts per call, and many threads calling at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "api/runtime_impl.hpp"
 #include "schedule/short_window.hpp"
+#include "schedule/table.hpp"
 
 namespace csa::test {
 namespace {
@@ -28,6 +31,8 @@ struct FakeState {
   std::vector<unsigned> last_grid;           // x, y, block x, block y of the last launch
   std::vector<std::vector<unsigned>> grids;  // every launch's, in order
   bool last_programmatic = false;            // the last launch asked for programmatic serialization
+  std::vector<std::string> kernel_names;     // lowered names, by handle (0x3000 + 16 * index)
+  std::vector<std::string> launched;         // every launch's kernel name, in order
 };
 FakeState& state() {
   static FakeState s;
@@ -91,8 +96,13 @@ CUresult CUDAAPI fake_library_load_data(CUlibrary* lib, const void*, CUjit_optio
 CUresult CUDAAPI fake_library_unload(CUlibrary) {
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_library_get_kernel(CUkernel* kernel, CUlibrary, const char*) {
-  *kernel = reinterpret_cast<CUkernel>(0x3000);
+CUresult CUDAAPI fake_library_get_kernel(CUkernel* kernel, CUlibrary, const char* name) {
+  std::lock_guard<std::mutex> lock(state().mutex);
+  auto& names = state().kernel_names;
+  auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) it = names.insert(names.end(), name);
+  *kernel =
+      reinterpret_cast<CUkernel>(0x3000 + 16 * static_cast<std::uintptr_t>(it - names.begin()));
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_kernel_get_attribute(int* value, CUfunction_attribute attr, CUkernel,
@@ -104,9 +114,12 @@ CUresult CUDAAPI fake_kernel_get_attribute(int* value, CUfunction_attribute attr
 CUresult CUDAAPI fake_kernel_set_attribute(CUfunction_attribute, int, CUkernel, CUdevice) {
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction, void**, void**) {
+CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction f, void**, void**) {
   ++state().launches;
   std::lock_guard<std::mutex> lock(state().mutex);
+  const auto index = (reinterpret_cast<std::uintptr_t>(f) - 0x3000) / 16;
+  state().launched.push_back(index < state().kernel_names.size() ? state().kernel_names[index]
+                                                                 : "?");
   state().last_grid = {config->gridDimX, config->gridDimY, config->blockDimX, config->blockDimY};
   state().grids.push_back(state().last_grid);
   state().last_programmatic =
@@ -244,6 +257,7 @@ class FakeDriver : public ::testing::Test {
     state().current_device = 0;
     std::lock_guard<std::mutex> lock(state().mutex);
     state().grids.clear();
+    state().launched.clear();
   }
 };
 
@@ -315,8 +329,9 @@ TEST_F(FakeDriver, BackwardWorkspaceIsKeptPerStreamAndContext) {
 }
 
 // coff * head_dim >= 512: the default backward sums grad_ape with atomics.
-TEST_F(FakeDriver, AtomicBackwardIsOneLaunchOutsideCapture) {
-  const Config wide{2, 512, 2};
+// The atomic backward of `wide` (its default): one launch outside capture, a memset of grad_ape
+// and the launch under it, the kernel and the fixed-order reduction when deterministic.
+void expect_atomic_backward_in_one_launch(const Config& wide) {
   FakeRuntime rt;
   rt.service.prewarm(wide, 0, Family::kAuto);
   // Overwriting: the kernel zeroes grad_ape itself, with the stream's state words, allocated
@@ -348,6 +363,32 @@ TEST_F(FakeDriver, AtomicBackwardIsOneLaunchOutsideCapture) {
   EXPECT_EQ(state().launches, 8);
   EXPECT_EQ(state().memsets, 3);
   EXPECT_EQ(state().allocations, 3);
+}
+
+TEST_F(FakeDriver, ShortWindowAtomicBackwardIsOneLaunchOutsideCapture) {
+  expect_atomic_backward_in_one_launch({2, 512, 2});
+}
+
+// 64 rows of 128,2,512: a bucket the shipped sm_90 table sums atomically.
+TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunchOutsideCapture) {
+  const Config c{128, 512, 2};
+  ASSERT_TRUE(schedule::ScheduleSet::embedded()
+                  .select(c, Direction::kBackward, 64, "sm_90")
+                  .schedule.atomic_ape);
+  expect_atomic_backward_in_one_launch(c);
+  // The atomic kernel (last template argument true) by default, accumulating and under
+  // capture; its fixed-order twin and the reduction for the deterministic call.
+  const std::string atomic = "ELb1ELb1EEEv", fixed = "ELb1ELb0EEEv";
+  std::lock_guard<std::mutex> lock(state().mutex);
+  const auto& l = state().launched;
+  ASSERT_EQ(l.size(), 8u);
+  for (std::size_t i : {0, 1, 2, 3, 6, 7}) {
+    EXPECT_NE(l[i].find("lane_window_backward"), std::string::npos) << l[i];
+    EXPECT_NE(l[i].find(atomic), std::string::npos) << "launch " << i << ": " << l[i];
+  }
+  EXPECT_NE(l[4].find("lane_window_backward"), std::string::npos) << l[4];
+  EXPECT_NE(l[4].find(fixed), std::string::npos) << l[4];
+  EXPECT_NE(l[5].find("ape_reduce"), std::string::npos) << l[5];
 }
 
 TEST_F(FakeDriver, JitDisabledTurnsAColdKeyIntoAnError) {
@@ -384,6 +425,7 @@ TEST_F(FakeDriver, LongWindowReductionFitsTheRowGroups) {
            {{128, 512, 2}, 8}, {{128, 512, 2}, 32}, {{128, 128, 1}, 1024}}) {
     const std::int64_t elements = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
     BackwardArgs a = backward_args(c);
+    a.flags = kDeterministic;  // the fixed order, whatever the bucket's default
     a.total_tokens = rows * c.ratio;
     a.total_comp = rows;
     rt.service.backward(a, kStream, Family::kAuto);

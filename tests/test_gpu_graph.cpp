@@ -193,17 +193,24 @@ INSTANTIATE_TEST_SUITE_P(Graph, Capture,
                                   std::to_string(param_info.param.head_dim);
                          });
 
-// The default backward of coff * head_dim >= 512 sums grad_ape with atomics: outside capture
-// the kernel zeroes grad_ape itself, per column block, through the stream's state words and a
-// new epoch per call. Calls of several such configurations, interleaved on two streams with
-// deterministic and accumulating calls (another workspace, or none) and with captured replays
-// (memset + kernel): every grad_ape (NaN-poisoned before each call) within 1e-3 of the
-// deterministic one, no call seeing another's sums; grad_kv / grad_score bitwise the same.
+// The default backward of coff * head_dim >= 512 (short window) and of the long-window buckets
+// the table marks atomic sums grad_ape with atomics: outside capture the kernel zeroes grad_ape
+// itself, per column block, through the stream's state words and a new epoch per call. Calls of
+// several such configurations, interleaved on two streams with deterministic and accumulating calls
+// (another workspace, or none) and with captured replays (memset + kernel): every grad_ape
+// (NaN-poisoned before each call) within 1e-3 of the deterministic one, no call seeing another's
+// sums; grad_kv / grad_score bitwise the same.
 TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
-  const std::vector<Config> configs = {{2, 512, 2}, {4, 512, 2}, {16, 512, 1}, {16, 512, 2}};
+  // Short-window head_dim 512, and long-window shapes whose small-row buckets add grad_ape
+  // atomically in the shipped sm_90 table (others run the fixed order: still a valid check).
+  const std::vector<Config> configs = {{2, 512, 2},  {4, 512, 2},   {16, 512, 1},
+                                       {16, 512, 2}, {128, 128, 1}, {128, 512, 2}};
   std::vector<Problem> problems;
   std::vector<std::unique_ptr<DeviceProblem>> dps;
   std::vector<Outputs::Host> expected;
+  problems.reserve(configs.size());
+  dps.reserve(configs.size());
+  expected.reserve(configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
     problems.push_back(make_problem(configs[i], {1023, 2048, 509}, kExtraTokens, kExtraRows,
                                     base_seed() + 40 + static_cast<unsigned>(i)));
@@ -241,17 +248,22 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
     second.synchronize();
     for (std::size_t i = 0; i < configs.size(); ++i) check(i, "round " + std::to_string(round));
   }
-  // Captured: the memset of grad_ape and the kernel, replayed twice.
+  // Captured: the memset of grad_ape and the kernel (short and long window), replayed twice.
   const Plan plan(*g_runtime, configs[0], 0);
-  device::Graph graph(*g_runtime, first.get(),
-                      [&] { plan.backward(outs[0]->backward(*dps[0], 0), first.get()); });
+  const Plan long_plan(*g_runtime, configs[4], 0);
+  device::Graph graph(*g_runtime, first.get(), [&] {
+    plan.backward(outs[0]->backward(*dps[0], 0), first.get());
+    long_plan.backward(outs[4]->backward(*dps[4], 0), first.get());
+  });
   for (int replay = 1; replay <= 2; ++replay) {
     outs[0]->poison(first.get());
+    outs[4]->poison(first.get());
     graph.launch(first.get());
     g_runtime->backward(outs[1]->backward(*dps[1], 0), first.get());
+    g_runtime->backward(outs[5]->backward(*dps[5], 0), first.get());
     first.synchronize();
-    check(0, "replay " + std::to_string(replay));
-    check(1, "after replay " + std::to_string(replay));
+    for (std::size_t i : {0, 4}) check(i, "replay " + std::to_string(replay));
+    for (std::size_t i : {1, 5}) check(i, "after replay " + std::to_string(replay));
   }
 }
 

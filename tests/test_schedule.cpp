@@ -190,6 +190,24 @@ TEST(ScheduleTable, RejectsMalformedTablesNamingTheField) {
   EXPECT_NO_THROW(schedule::parse_schedule_table(
       table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256, "stages": 2, )" + rest)),
       "t.json"));
+  for (const char* form : {"\"atomics\"", "true", "1"}) {
+    expect_rejected(
+        table_text(bucket(std::string(R"("vec": 2, "cols": 32, "threads": 256, "grad_ape": )") +
+                          form + ", " + rest)),
+        "entries[0].buckets[0].grad_ape");
+  }
+  expect_rejected(
+      table_text(bucket(
+          R"("form": "staged", "vec": 2, "cols": 32, "threads": 256, "grad_ape": "atomic", )" +
+          rest)),
+      "the staged form has no atomic grad_ape");
+  for (const char* form : {"atomic", "fixed_order"}) {
+    const auto t = schedule::parse_schedule_table(
+        table_text(bucket(std::string(R"("vec": 2, "cols": 32, "threads": 256, "grad_ape": ")") +
+                          form + "\", " + rest)),
+        "t.json");
+    EXPECT_EQ(t.entries.at(0).buckets.at(0).schedule.atomic_ape, std::string(form) == "atomic");
+  }
   const std::string b = R"("vec": 2, "cols": 32, "threads": 256, )" + rest;
   expect_rejected(table_text(R"({"max_rows": 64, )" + b + "}"), "last bucket must be unbounded");
   expect_rejected(table_text(R"({"max_rows": null, )" + b + R"(}, {"max_rows": null, )" + b + "}"),
@@ -252,6 +270,9 @@ TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {
   const std::string b3 = R"({"max_rows": 100, "vec": 2, "cols": 32, "threads": 256, "serial": false,
                               "fast_exp": false, "rows_per_cta": 0})";
   EXPECT_NE(key_of(b1), key_of(b3));  // a compile-time field
+  const std::string b4 = R"({"max_rows": 100, "vec": 2, "cols": 32, "threads": 256, "serial": false,
+                              "fast_exp": true, "rows_per_cta": 0, "grad_ape": "atomic"})";
+  EXPECT_NE(key_of(b1), key_of(b4));  // another kernel, and its fixed-order twin beside it
 }
 
 TEST(ScheduleTable, FittingKeepsEveryScheduleLaunchable) {

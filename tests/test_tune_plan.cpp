@@ -33,6 +33,11 @@ TEST(TunePlan, EveryCandidateIsAValidBucket) {
         return cand.bucket.value("stages", 1) == 2;
       });
       EXPECT_EQ(ring > 0, d == Direction::kBackward && c.head_dim % 8 == 0) << c.head_dim;
+      // Backward: each chunked-fast kernel is measured with grad_ape by atomics too.
+      const auto atomic = std::count_if(candidates.begin(), candidates.end(), [](const auto& cand) {
+        return cand.bucket.value("grad_ape", "fixed_order") == "atomic";
+      });
+      EXPECT_EQ(atomic > 0, d == Direction::kBackward);
       for (std::size_t i = 0; i < candidates.size(); ++i)
         for (std::size_t j = i + 1; j < candidates.size(); ++j)
           EXPECT_NE(candidates[i].name, candidates[j].name);
@@ -67,8 +72,11 @@ TEST(TunePlan, CandidatesAreMeasuredAsTheLoaderRunsThem) {
   EXPECT_EQ(count("lanes-chunked-fast v1 c32 t256"), 0);
   EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512 s2"), 0);
   EXPECT_EQ(count("lanes-chunked-fast v1 c16 t256 s2"), 1);
+  EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512 atomic"), 1);
+  EXPECT_EQ(count("lanes-chunked-fast v1 c16 t256 s2 atomic"), 1);
   for (const auto& r : run) {
     EXPECT_EQ(r.bucket["stages"].get<int>() > 1, r.name.find(" s2") != std::string::npos);
+    EXPECT_EQ(r.bucket["grad_ape"] == "atomic", r.name.find(" atomic") != std::string::npos);
     EXPECT_FALSE(r.bitwise);
   }
   EXPECT_EQ(count("lanes-chunked v1 c16 t256"), 1);  // the exact exp keeps its own name

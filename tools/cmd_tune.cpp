@@ -65,6 +65,19 @@ CheckResult check(const std::vector<std::uint16_t>& got, const std::vector<std::
   return r;
 }
 
+// grad_ape in the default mode (fixed order or atomic): max |diff| <= 1e-3 (SPEC §2 item 5).
+std::string check_grad_ape(const device::Buffer& got, const std::vector<float>& ref) {
+  std::vector<float> g(ref.size());
+  got.download(g.data(), g.size() * sizeof(float));
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(g[i]) != std::isnan(ref[i]))
+      return fmt::format("grad_ape: NaN mask differs at {}", i);
+    if (std::fabs(g[i] - ref[i]) > 1e-3f)
+      return fmt::format("grad_ape[{}]: {} against {}", i, g[i], ref[i]);
+  }
+  return {};
+}
+
 std::string candidate_table(const std::string& arch, const Config& c, Direction d,
                             const Candidate& candidate) {
   nlohmann::json bucket = candidate.bucket;
@@ -145,6 +158,8 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
       const auto ref_out = p.download16(p.out);
       const auto ref_kv = p.download16(p.grad_kv);
       const auto ref_score = p.download16(p.grad_score);
+      std::vector<float> ref_ape(p.grad_ape.size() / sizeof(float));
+      p.grad_ape.download(ref_ape.data(), p.grad_ape.size());
       // Timed as csa bench times: over copies of the inputs rotated past the L2, so that every
       // row count is measured reading from DRAM (one L2-resident set favours other schedules).
       const int sets = rotation_sets(
@@ -166,6 +181,7 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
             p.out.fill(0xff);
             p.grad_kv.fill(0xff);
             p.grad_score.fill(0xff);
+            p.grad_ape.fill(0xff);  // NaN: a grad_ape not overwritten fails its check
             if (dir == Direction::kForward) {
               cr.forward(p.forward(), stream.get());
               device::synchronize(rt, stream.get());
@@ -181,6 +197,7 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
               const CheckResult sc =
                   check(p.download16(p.grad_score), ref_score, candidates[i].bitwise, "grad_score");
               why = kv.failure.empty() ? sc.failure : kv.failure;
+              if (why.empty()) why = check_grad_ape(p.grad_ape, ref_ape);
               differing = std::max(kv.differing, sc.differing);
             }
             if (why.empty()) {

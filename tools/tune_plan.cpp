@@ -22,16 +22,17 @@ std::vector<Candidate> first_of_each_name(const std::vector<Candidate>& candidat
 }
 
 Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d,
-                int stages = 1) {
+                int stages = 1, bool atomic_ape = false) {
   Candidate c;
-  c.name = fmt::format("lanes-{} v{} c{} t{}{}",
-                       serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec, cols,
-                       threads, stages > 1 ? fmt::format(" s{}", stages) : "");
+  c.name = fmt::format(
+      "lanes-{} v{} c{} t{}{}{}", serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec,
+      cols, threads, stages > 1 ? fmt::format(" s{}", stages) : "", atomic_ape ? " atomic" : "");
   c.bucket = {{"form", "lanes"},    {"vec", vec},       {"cols", cols},
               {"threads", threads}, {"serial", serial}, {"fast_exp", fast_exp}};
   if (d == Direction::kBackward) {
     c.bucket["stages"] = stages;
     c.bucket["rows_per_cta"] = 0;
+    c.bucket["grad_ape"] = atomic_ape ? "atomic" : "fixed_order";
   }
   c.bitwise = serial && !fast_exp;
   return c;
@@ -54,11 +55,14 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
   } else {
     // The shared-memory ring (stages 2) needs head_dim % 8 == 0.
     const int max_stages = config.head_dim % 8 == 0 ? 2 : 1;
-    for (int stages = 1; stages <= max_stages; ++stages)
-      for (int vec : {1, narrow})
-        for (int cols : {16, 32})
-          for (int threads : {256, 512})
-            out.push_back(lanes(vec, cols, threads, false, true, direction, stages));
+    // Each chunked-fast kernel is timed with both grad_ape forms (fixed order, atomics).
+    for (bool atomic_ape : {false, true}) {
+      for (int stages = 1; stages <= max_stages; ++stages)
+        for (int vec : {1, narrow})
+          for (int cols : {16, 32})
+            for (int threads : {256, 512})
+              out.push_back(lanes(vec, cols, threads, false, true, direction, stages, atomic_ape));
+    }
     out.push_back(lanes(1, 16, 256, false, false, direction));
   }
   // Odd or narrow head_dims make some vector widths coincide: keep each schedule once.
@@ -81,13 +85,18 @@ std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
       return it == field.end() ? fallback : std::stoi(it->second);
     };
     const nlohmann::json& b = candidates[i].bucket;
+    const auto atomic_ape = [&] {
+      const auto it = field.find("grad_ape");
+      return it == field.end() ? b.value("grad_ape", "fixed_order") == "atomic"
+                               : it->second == "atomic";
+    };
     Candidate c = candidates[i];
     if (b.value("form", "lanes") == "lanes") {
       c = lanes(number("vec", b["vec"].get<int>()), number("cols", b["cols"].get<int>()),
                 number("threads", b["threads"].get<int>()),
                 number("serial", b["serial"].get<bool>() ? 1 : 0) != 0,
                 number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
-                number("stages", b.value("stages", 1)));
+                number("stages", b.value("stages", 1)), atomic_ape());
     }
     out.push_back(c);
   }

@@ -74,6 +74,9 @@ struct ScheduleChoice {
   std::int64_t rows_max = -1;  // -1: unbounded
   std::string schedule;        // every launch parameter, "key=value ..."
   std::string contract;        // "bitwise" (SPEC §2 op order) or "tolerance" (SPEC §2 item 3)
+  // Backward: grad_ape is summed with fp32 atomics unless the call is deterministic, so it is
+  // not bitwise run to run (max |diff| 1e-3 contract, SPEC §2 item 5); false: fixed order.
+  bool grad_ape_atomic = false;
 };
 
 struct ForwardArgs {

@@ -69,8 +69,10 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
   ScheduleChoice choice;
   choice.family = impl_->service.resolve(config, Family::kAuto, a);
   if (choice.family == Family::kShortWindow) {
-    choice.schedule = schedule::select_short_window(config).describe();
+    const schedule::ShortWindowSchedule s = schedule::select_short_window(config);
+    choice.schedule = s.describe();
     choice.contract = "bitwise";
+    choice.grad_ape_atomic = direction == Direction::kBackward && !s.fixed_order_default;
     return choice;
   }
   const auto set = impl_->service.schedules();
@@ -84,6 +86,7 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
   choice.rows_max = sel.rows_max;
   choice.schedule = sel.schedule.describe();
   choice.contract = sel.schedule.bitwise() ? "bitwise" : "tolerance";
+  choice.grad_ape_atomic = direction == Direction::kBackward && sel.schedule.atomic_ape;
   return choice;
 }
 

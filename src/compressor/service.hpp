@@ -37,6 +37,10 @@ struct PreparedBucket {
   int slot = 0;  // kernel slot in the module
   int shared_bytes = 0;
   int resident_ctas = 1;  // CTAs per SM (backward grid sizing)
+  // Backward: the fixed-order kernel (the bucket's own unless it adds grad_ape atomically),
+  // which deterministic calls take.
+  int fixed_slot = 0;
+  int fixed_resident_ctas = 1;
 };
 
 // Everything a call needs, resolved once.

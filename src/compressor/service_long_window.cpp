@@ -35,24 +35,23 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
   d.check(d.api().cuDeviceGet(&dev, p.device.ordinal), "cuDeviceGet");
   auto buckets_of = [&](Direction direction,
                         const std::vector<schedule::LongWindowSchedule>& kernels, int first_slot) {
-    std::vector<PreparedBucket> out;
-    std::int64_t rows = 0;
-    for (;;) {
-      const schedule::Selection sel = set.select(p.config, direction, rows, p.device.arch);
-      PreparedBucket b;
-      b.max_rows = sel.rows_max;
-      b.schedule = sel.schedule;
+    auto slot_of = [&](const schedule::LongWindowSchedule& s) {
       const auto it = std::find_if(kernels.begin(), kernels.end(),
-                                   [&](const auto& k) { return k.same_kernel(sel.schedule); });
-      b.slot = first_slot + static_cast<int>(it - kernels.begin());
-      b.shared_bytes = schedule::long_window_shared_bytes(p.config, b.schedule);
-      const CUkernel kernel = p.kernel(b.slot);
+                                   [&](const auto& k) { return k.same_kernel(s); });
+      if (it == kernels.end())
+        fail(Status::kInternal, "{}: no kernel compiled for schedule {}", config_label(p.config),
+             s.describe());
+      return first_slot + static_cast<int>(it - kernels.begin());
+    };
+    // The kernel's dynamic shared memory limit; its CTAs per SM.
+    auto configure = [&](int slot, int shared_bytes, int threads) {
+      const CUkernel kernel = p.kernel(slot);
       // NOTE: attributes are set here, never on the launch path (not capture-safe to change).
-      if (b.shared_bytes > 0) {
+      if (shared_bytes > 0) {
         d.check(d.api().cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                             b.shared_bytes, kernel, dev),
+                                             shared_bytes, kernel, dev),
                 fmt::format("cuKernelSetAttribute(max dynamic shared memory {} B) for {}",
-                            b.shared_bytes, config_label(p.config))
+                            shared_bytes, config_label(p.config))
                     .c_str());
       }
       int regs = 0;
@@ -62,8 +61,26 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
       d.check(d.api().cuKernelGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
                                            kernel, dev),
               "cuKernelGetAttribute(shared memory)");
-      b.resident_ctas = schedule::resident_ctas(p.device.sm, b.schedule.threads, regs,
-                                                b.shared_bytes + static_shared);
+      return schedule::resident_ctas(p.device.sm, threads, regs, shared_bytes + static_shared);
+    };
+    std::vector<PreparedBucket> out;
+    std::int64_t rows = 0;
+    for (;;) {
+      const schedule::Selection sel = set.select(p.config, direction, rows, p.device.arch);
+      PreparedBucket b;
+      b.max_rows = sel.rows_max;
+      b.schedule = sel.schedule;
+      b.slot = slot_of(sel.schedule);
+      b.shared_bytes = schedule::long_window_shared_bytes(p.config, b.schedule);
+      b.resident_ctas = configure(b.slot, b.shared_bytes, b.schedule.threads);
+      b.fixed_slot = b.slot;
+      b.fixed_resident_ctas = b.resident_ctas;
+      if (b.schedule.atomic_ape) {
+        schedule::LongWindowSchedule twin = b.schedule;
+        twin.atomic_ape = false;
+        b.fixed_slot = slot_of(twin);
+        b.fixed_resident_ctas = configure(b.fixed_slot, b.shared_bytes, b.schedule.threads);
+      }
       out.push_back(b);
       if (sel.rows_max < 0) break;
       rows = sel.rows_max + 1;
@@ -120,23 +137,47 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   const Config& c = a.config;
   const std::int64_t ape_elems = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
   const PreparedBucket& b = bucket_for(p.long_backward, a.total_comp);
-  const auto grid = schedule::long_window_backward_grid(c, b.schedule, a.total_comp,
-                                                        p.device.sm_count, b.resident_ctas);
+  const bool atomic = b.schedule.atomic_ape && (a.flags & kDeterministic) == 0;
+  const auto grid =
+      schedule::long_window_backward_grid(c, b.schedule, a.total_comp, p.device.sm_count,
+                                          atomic ? b.resident_ctas : b.fixed_resident_ctas);
   csa_kernel::BackwardParams params{};
   fill_inputs(params, a);
   fill_gradients(params, a);
   params.rows_per_cta = grid.rows_per_cta;
+  launch::LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(grid.row_groups);
+  shape.grid_y = static_cast<unsigned>(grid.column_slices);
+  set_block(shape, b, p.programmatic);
+  if (atomic) {
+    // One launch adding into grad_ape. Overwriting outside capture, the kernel zeroes grad_ape
+    // itself (zero_once_per_call, one claim word per column slice); under capture, where
+    // every replay would repeat one epoch, a memset comes first; accumulating, nothing does.
+    const bool accumulate = (a.flags & kAccumulateGradApe) != 0;
+    if (!accumulate) {
+      const std::size_t bytes =
+          static_cast<std::size_t>(grid.column_slices) * sizeof(std::uint32_t);
+      std::uint32_t epoch = 0;
+      const CUdeviceptr state = stream_workspace(stream, bytes, WorkspaceUse::kZeroed, &epoch);
+      if (state != 0) {
+        params.workspace = device_ptr<float>(state);
+        params.epoch = static_cast<csa_i32>(epoch);
+      } else {
+        d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_ape), 0,
+                                         static_cast<std::size_t>(ape_elems), stream),
+                "cuMemsetD32Async (grad_ape)");
+      }
+    }
+    launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
+    return;
+  }
   const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
                                       static_cast<std::size_t>(ape_elems) * sizeof(float);
   CUdeviceptr workspace = stream_workspace(stream, workspace_bytes);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
-  launch::LaunchShape shape;
-  shape.grid_x = static_cast<unsigned>(grid.row_groups);
-  shape.grid_y = static_cast<unsigned>(grid.column_slices);
-  set_block(shape, b, p.programmatic);
-  launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
+  launch::launch(d, p.kernel(b.fixed_slot), shape, params, stream, "long-window backward launch");
   // The fewest lanes of the 16-byte reduction that leave each at most 8 groups (256-thread
   // CTAs); the scalar one where none does.
   std::size_t i = 0;

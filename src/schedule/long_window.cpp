@@ -8,9 +8,10 @@ namespace csa::schedule {
 
 std::string LongWindowSchedule::describe() const {
   return fmt::format(
-      "form={} vec={} cols={} threads={} serial={} fast_exp={} stages={} rows_per_cta={}",
+      "form={} vec={} cols={} threads={} serial={} fast_exp={} stages={} rows_per_cta={} "
+      "grad_ape={}",
       staged ? "staged" : "lanes", vec, cols, threads, serial ? 1 : 0, fast_exp ? 1 : 0, stages,
-      rows_per_cta);
+      rows_per_cta, atomic_ape ? "atomic" : "fixed_order");
 }
 
 std::string LongWindowSchedule::template_args() const {
@@ -19,8 +20,8 @@ std::string LongWindowSchedule::template_args() const {
                        fast_exp ? "true" : "false");
   }
   if (kernel_direction == Direction::kBackward) {
-    return fmt::format("{},{},{},{},{}", vec, cols / vec, window_lanes(), stages,
-                       fast_exp ? "true" : "false");
+    return fmt::format("{},{},{},{},{},{}", vec, cols / vec, window_lanes(), stages,
+                       fast_exp ? "true" : "false", atomic_ape ? "true" : "false");
   }
   return fmt::format("{},{},{},{},{}", vec, cols / vec, window_lanes(), serial ? "true" : "false",
                      fast_exp ? "true" : "false");
@@ -79,6 +80,7 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // forward, 24 B backward per thread and column, plus the serial forward's window of e)
   // within 48 KB.
   if (direction == Direction::kBackward) s.serial = false;
+  if (direction == Direction::kForward) s.atomic_ape = false;
   if (direction == Direction::kForward) s.stages = 1;
   if (s.serial) s.fast_exp = false;
   const int win = c.coff * c.ratio;

@@ -24,6 +24,11 @@ struct LongWindowSchedule {
   // Lanes-form backward: rows of the window ring in shared memory (cp.async, STAGES - 1 rows
   // ahead of the row computed); 1 loads each row straight into registers. Needs head_dim % 8.
   int stages = 1;
+  // Backward grad_ape: false, one partial per row group summed in a fixed order by a second
+  // kernel (bitwise run to run); true, fp32 atomics into grad_ape from the backward kernel
+  // itself (lanes form only). Compile-time: an atomic bucket also compiles its fixed-order
+  // twin, which calls in deterministic mode take.
+  bool atomic_ape = false;
   // Launch-only (editing it never invalidates a cubin).
   int rows_per_cta = 0;  // backward rows per CTA; 0: as many row groups as fill one wave
   // Set by fit_long_window: the lanes form's template arguments differ per direction.

@@ -94,7 +94,7 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
   if (direction == Direction::kBackward) {
     reject_unknown(b, path,
                    {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp", "stages",
-                    "rows_per_cta"});
+                    "rows_per_cta", "grad_ape"});
   } else {
     reject_unknown(b, path, {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp"});
   }
@@ -134,6 +134,16 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
   }
   if (direction == Direction::kBackward && b.contains("rows_per_cta"))
     s.rows_per_cta = static_cast<int>(get_int(b, "rows_per_cta", path, 0, 1 << 20));
+  if (direction == Direction::kBackward && b.contains("grad_ape")) {
+    const json& form = b["grad_ape"];
+    if (form == "atomic") {
+      s.atomic_ape = true;
+    } else if (form != "fixed_order") {
+      (path / "grad_ape").fail("must be \"fixed_order\" or \"atomic\"");
+    }
+    if (s.atomic_ape && s.staged)
+      (path / "grad_ape").fail("the staged form has no atomic grad_ape: must be \"fixed_order\"");
+  }
   return out;
 }
 
@@ -261,6 +271,7 @@ std::string to_json(const ScheduleTable& t) {
       if (e.direction == Direction::kBackward) {
         jb["stages"] = b.schedule.stages;
         jb["rows_per_cta"] = b.schedule.rows_per_cta;
+        jb["grad_ape"] = b.schedule.atomic_ape ? "atomic" : "fixed_order";
       }
       je["buckets"].push_back(jb);
     }
@@ -354,7 +365,14 @@ std::vector<LongWindowSchedule> ScheduleSet::kernels(const Config& c, Direction 
     return out;
   }
   const TableEntry& e = table_for(arch)->entries[static_cast<std::size_t>(first.entry)];
-  for (const auto& b : e.buckets) add_unique(fit_long_window(c, b.schedule, arch, direction));
+  for (const auto& b : e.buckets) {
+    LongWindowSchedule s = fit_long_window(c, b.schedule, arch, direction);
+    add_unique(s);
+    if (s.atomic_ape) {
+      s.atomic_ape = false;  // the fixed-order twin, for calls in deterministic mode
+      add_unique(s);
+    }
+  }
   return out;
 }
 

@@ -70,7 +70,8 @@ class ScheduleSet {
   Family route(const Config& config, const std::string& arch) const;
   Selection select(const Config& config, Direction direction, std::int64_t rows,
                    const std::string& arch) const;
-  // Every distinct kernel of the buckets serving (config, direction, arch), bucket order.
+  // Every distinct kernel of the buckets serving (config, direction, arch), bucket order; an
+  // atomic grad_ape bucket's fixed-order twin follows it.
   std::vector<LongWindowSchedule> kernels(const Config& config, Direction direction,
                                           const std::string& arch) const;
 
