@@ -177,12 +177,13 @@ TEST(ScheduleTable, RejectsMalformedTablesNamingTheField) {
   expect_rejected(
       table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256, "rows_per_cta": -1, )" + rest)),
       "rows_per_cta");
-  for (const char* stages : {"0", "5", "true"}) {
-    expect_rejected(
-        table_text(bucket(std::string(R"("vec": 2, "cols": 32, "threads": 256, "stages": )") +
-                          stages + ", " + rest)),
-        "entries[0].buckets[0].stages");
-  }
+  // A valid bucket with one more field, `key`: `value` (JSON text).
+  auto with_field = [&](const std::string& key, const std::string& value) {
+    return table_text(
+        bucket(R"("vec": 2, "cols": 32, "threads": 256, ")" + key + "\": " + value + ", " + rest));
+  };
+  for (const char* stages : {"0", "5", "true"})
+    expect_rejected(with_field("stages", stages), "entries[0].buckets[0].stages");
   expect_rejected(
       table_text(bucket(R"("form": "staged", "vec": 2, "cols": 32, "threads": 256, "stages": 2, )" +
                         rest)),
@@ -190,12 +191,8 @@ TEST(ScheduleTable, RejectsMalformedTablesNamingTheField) {
   EXPECT_NO_THROW(schedule::parse_schedule_table(
       table_text(bucket(R"("vec": 2, "cols": 32, "threads": 256, "stages": 2, )" + rest)),
       "t.json"));
-  for (const char* form : {"\"atomics\"", "true", "1"}) {
-    expect_rejected(
-        table_text(bucket(std::string(R"("vec": 2, "cols": 32, "threads": 256, "grad_ape": )") +
-                          form + ", " + rest)),
-        "entries[0].buckets[0].grad_ape");
-  }
+  for (const char* form : {"\"atomics\"", "true", "1"})
+    expect_rejected(with_field("grad_ape", form), "entries[0].buckets[0].grad_ape");
   expect_rejected(
       table_text(bucket(
           R"("form": "staged", "vec": 2, "cols": 32, "threads": 256, "grad_ape": "atomic", )" +
@@ -203,9 +200,7 @@ TEST(ScheduleTable, RejectsMalformedTablesNamingTheField) {
       "the staged form has no atomic grad_ape");
   for (const char* form : {"atomic", "fixed_order"}) {
     const auto t = schedule::parse_schedule_table(
-        table_text(bucket(std::string(R"("vec": 2, "cols": 32, "threads": 256, "grad_ape": ")") +
-                          form + "\", " + rest)),
-        "t.json");
+        with_field("grad_ape", std::string("\"") + form + "\""), "t.json");
     EXPECT_EQ(t.entries.at(0).buckets.at(0).schedule.atomic_ape, std::string(form) == "atomic");
   }
   const std::string b = R"("vec": 2, "cols": 32, "threads": 256, )" + rest;
