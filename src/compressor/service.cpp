@@ -450,26 +450,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   shape.programmatic = p.programmatic;
   const bool fixed_order = (a.flags & kDeterministic) != 0 || s.fixed_order_default;
   if (!fixed_order) {
-    // Overwriting grad_ape outside capture: one launch, the kernel zeroes grad_ape itself
-    // (zero_grad_ape_once) with the stream's state words and a new epoch. Under capture (every
-    // replay would repeat one epoch) a memset of grad_ape comes first, as it does for callers
-    // who accumulate (no zeroing at all).
-    if (!accumulate) {
-      const std::size_t bytes = static_cast<std::size_t>(grid.grid_x) * sizeof(std::uint32_t);
-      std::uint32_t epoch = 0;
-      const CUdeviceptr state = stream_workspace(stream, bytes, WorkspaceUse::kZeroed, &epoch);
-      if (state != 0) {
-        params.workspace = device_ptr<float>(state);
-        params.epoch = static_cast<csa_i32>(epoch);
-        launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
-        return;
-      }
-    }
-    if (!accumulate) {
-      d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_ape), 0,
-                                       static_cast<std::size_t>(ape_elems), stream),
-              "cuMemsetD32Async (grad_ape)");
-    }
+    prepare_atomic_grad_ape(params, a, ape_elems, grid.grid_x, stream);  // column blocks: x
     launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
     return;
   }
@@ -482,6 +463,25 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
   launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
                     {32, s.reduce_lanes, 1}, p.programmatic, stream);
+}
+
+void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
+                                      std::int64_t ape_elems, std::int64_t column_blocks,
+                                      CUstream stream) {
+  if ((a.flags & kAccumulateGradApe) != 0) return;
+  std::uint32_t epoch = 0;
+  const CUdeviceptr state =
+      stream_workspace(stream, static_cast<std::size_t>(column_blocks) * sizeof(std::uint32_t),
+                       WorkspaceUse::kZeroed, &epoch);
+  if (state != 0) {
+    params.workspace = device_ptr<float>(state);
+    params.epoch = static_cast<csa_i32>(epoch);
+    return;
+  }
+  driver::Driver& d = driver();
+  d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_ape), 0,
+                                   static_cast<std::size_t>(ape_elems), stream),
+          "cuMemsetD32Async (grad_ape)");
 }
 
 OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,

@@ -20,6 +20,10 @@
 #include "schedule/short_window.hpp"
 #include "schedule/table.hpp"
 
+namespace csa_kernel {
+struct BackwardParams;  // kernels/csa_params.h
+}
+
 namespace csa::compressor {
 
 struct DeviceTraits {
@@ -150,6 +154,12 @@ class Service {
                                std::uint32_t* epoch = nullptr);
   std::mutex workspace_mutex_;
   std::vector<StreamWorkspace> workspaces_;
+  // Before an atomic-grad_ape backward launch (both families): overwriting outside capture,
+  // hands the kernel the stream's claim words (one per column block) and a new epoch, so that
+  // it zeroes grad_ape itself (zero_once_per_call); under capture, where every replay would
+  // repeat one epoch, a memset of grad_ape instead; accumulating, nothing.
+  void prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
+                               std::int64_t ape_elems, std::int64_t column_blocks, CUstream stream);
 
   std::once_flag modules_once_;
   std::unique_ptr<cache::ModuleCache> modules_;

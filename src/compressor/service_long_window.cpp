@@ -149,25 +149,8 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   shape.grid_x = static_cast<unsigned>(grid.row_groups);
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
   set_block(shape, b, p.programmatic);
-  if (atomic) {
-    // One launch adding into grad_ape. Overwriting outside capture, the kernel zeroes grad_ape
-    // itself (zero_once_per_call, one claim word per column slice); under capture, where
-    // every replay would repeat one epoch, a memset comes first; accumulating, nothing does.
-    const bool accumulate = (a.flags & kAccumulateGradApe) != 0;
-    if (!accumulate) {
-      const std::size_t bytes =
-          static_cast<std::size_t>(grid.column_slices) * sizeof(std::uint32_t);
-      std::uint32_t epoch = 0;
-      const CUdeviceptr state = stream_workspace(stream, bytes, WorkspaceUse::kZeroed, &epoch);
-      if (state != 0) {
-        params.workspace = device_ptr<float>(state);
-        params.epoch = static_cast<csa_i32>(epoch);
-      } else {
-        d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_ape), 0,
-                                         static_cast<std::size_t>(ape_elems), stream),
-                "cuMemsetD32Async (grad_ape)");
-      }
-    }
+  if (atomic) {  // one launch adding into grad_ape; the claim words are per column slice (y)
+    prepare_atomic_grad_ape(params, a, ape_elems, grid.column_slices, stream);
     launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
     return;
   }
