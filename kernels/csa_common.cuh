@@ -291,6 +291,58 @@ struct RowWindow {
   bool padding;  // at or past the last segment's rows (cuc[B]): no window of its own
 };
 
+// Where a pack of ratio-aligned segments (every length a multiple of ratio, as in one long
+// sequence) puts `row`: its own block starts at token row * RATIO. Only the speculative
+// prefetches below use it, issued before locate_row's dependent offset loads so that the
+// window's DRAM latency overlaps theirs instead of following it. A wrong guess warms lines a
+// neighbouring row reads; the window stays inside [0, total_tokens) (padding: none fits).
+template <int RATIO>
+__device__ __forceinline__ RowWindow guessed_row_window(int row, int total_tokens) {
+  RowWindow w{};
+  const long long last_start = static_cast<long long>(total_tokens) - RATIO;
+  const long long t0 = min(static_cast<long long>(row) * RATIO, last_start);
+  w.padding = last_start < 0;
+  w.t0 = w.padding ? 0 : static_cast<int>(t0);
+  w.first = w.t0 < RATIO;
+  return w;
+}
+
+// prefetch.global.L2: a hint, no register result, nothing waits for it.
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
+// Which threads issue a window's prefetches: one of every LEAD_COLS consecutive columns (1:
+// every thread). A prefetch brings the 32-byte sectors its address touches.
+template <int LEAD_COLS>
+__device__ __forceinline__ bool leads_prefetch(int col) {
+  return LEAD_COLS <= 1 || col % LEAD_COLS == 0;
+}
+
+// The short-window family's window of one (row, VEC columns) at the guessed place.
+template <int RATIO, int COFF, int HEAD_DIM, int LEAD_COLS>
+__device__ __forceinline__ void prefetch_row_window(const unsigned short* score,
+                                                    const unsigned short* kv, int row, int col,
+                                                    int total_tokens) {
+  constexpr int W = COFF * HEAD_DIM;
+  constexpr int OWN = (COFF - 1) * HEAD_DIM;
+  const RowWindow w = guessed_row_window<RATIO>(row, total_tokens);
+  if (w.padding || !leads_prefetch<LEAD_COLS>(col)) return;
+  const long long base = static_cast<long long>(w.t0) * W + col;
+#pragma unroll
+  for (int k = 0; k < RATIO; ++k) {
+    prefetch_l2(score + base + k * W + OWN);
+    prefetch_l2(kv + base + k * W + OWN);
+  }
+  if (COFF == 2 && !w.first) {
+#pragma unroll
+    for (int k = 0; k < RATIO; ++k) {
+      prefetch_l2(score + base - (RATIO - k) * W);
+      prefetch_l2(kv + base - (RATIO - k) * W);
+    }
+  }
+}
+
 // NOTE: offsets are device data the host cannot check; every derived token index is clamped
 // so that [t0 - ratio (when !first), t0 + ratio) and the tail stay inside [0, total_tokens).
 template <int RATIO>

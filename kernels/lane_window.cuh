@@ -35,6 +35,27 @@ __device__ __forceinline__ bool lane_slot_base(const RowWindow& w, int col, int 
   return valid;
 }
 
+// This thread's slots of `row`'s window at the guessed place (guessed_row_window): the lines
+// its loads, or the ring's copies, will read.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, int LEAD_COLS>
+__device__ __forceinline__ void prefetch_lane_window(const csa_u16* score, const csa_u16* kv,
+                                                     int row, int total_tokens, int col, int lane) {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  const RowWindow w = guessed_row_window<RATIO>(row, total_tokens);
+  if (w.padding || !leads_prefetch<LEAD_COLS>(col)) return;
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j) {
+    const int k = lane * LW::C + j;
+    if (k < LW::WIN && G::valid(k, w.first)) {
+      const long long off =
+          static_cast<long long>(G::token(w.t0, k)) * LW::W + G::half_offset(k) + col;
+      prefetch_l2(score + off);
+      prefetch_l2(kv + off);
+    }
+  }
+}
+
 // Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
 // UNIFORM windows (lane_slot_base) load each slot at one 64-bit base per array plus a
 // compile-time offset (j * W), so the loads issue back to back instead of each behind its
@@ -548,6 +569,21 @@ __global__ void __launch_bounds__(TX* LANES,
   const bool active = cv < NCV;
   const int col = cv * VEC;
   const int col0 = blockIdx.y * COLS;
+  const long long row_begin = static_cast<long long>(blockIdx.x) * p.rows_per_cta;
+  // The first rows' windows (those the ring fetches before its loop, else the first) at the
+  // guessed place, ahead of the dependent loads of cuc[B] and locate_row; one thread per
+  // 128-byte line. H200, kernel us: 128,1,128,1x4096 6.30 -> 5.94, 128,2,128,1x4096 8.93 ->
+  // 8.42, 128,1,512,1x8192 15.98 -> 15.54, the large shapes within their run-to-run spread;
+  // every thread prefetching its own sectors: 6.20, 9.10, 15.66. The forward measured slower
+  // with either (128,2,512,1x131072 153.9 -> 166.1 one per line, 202.8 every thread).
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < (STAGES > 1 ? STAGES - 1 : 1); ++i) {
+      if (i < p.rows_per_cta && row_begin + i < p.total_comp)
+        prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES, 64>(
+            p.score, p.kv, static_cast<int>(row_begin + i), p.total_tokens, col, lane);
+    }
+  }
   const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
 
   float dape[LW::C][VEC];
@@ -576,7 +612,6 @@ __global__ void __launch_bounds__(TX* LANES,
     }
   }
 
-  const long long row_begin = static_cast<long long>(blockIdx.x) * p.rows_per_cta;
   const int row_end = static_cast<int>(
       row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
   // The ring (STAGES >= 2) lives in dynamic shared memory: STAGES * Ring::STAGE_ELEMS bf16.
