@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(TX* TY)
       // window's prefetch (every thread: its own sectors) and grad_out's load, whose address
       // needs no offsets, go out first. H200, kernel us: 4,2,128,1x8192 9.53 -> 8.93,
       // 2,2,128,1x4096 6.44 -> 6.10, 2,2,512,3x8192 74.8 -> 64.9; one thread per 128-byte line
-      // (a quarter of the sectors) 9.17, 6.25, 64.9.
+      // (a quarter of the sectors) 9.17, 6.28, 64.9.
       prefetch_row_window<RATIO, COFF, HEAD_DIM, 1>(p.score, p.kv, row, col, p.total_tokens);
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
