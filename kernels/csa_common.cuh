@@ -312,22 +312,16 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
-// Which threads issue a window's prefetches: one of every LEAD_COLS consecutive columns (1:
-// every thread). A prefetch brings the 32-byte sectors its address touches.
-template <int LEAD_COLS>
-__device__ __forceinline__ bool leads_prefetch(int col) {
-  return LEAD_COLS <= 1 || col % LEAD_COLS == 0;
-}
-
-// The short-window family's window of one (row, VEC columns) at the guessed place.
-template <int RATIO, int COFF, int HEAD_DIM, int LEAD_COLS>
+// The short-window family's window of one (row, VEC columns) at the guessed place; every
+// thread prefetches its own sectors (a prefetch brings the 32-byte sectors its address touches).
+template <int RATIO, int COFF, int HEAD_DIM>
 __device__ __forceinline__ void prefetch_row_window(const unsigned short* score,
                                                     const unsigned short* kv, int row, int col,
                                                     int total_tokens) {
   constexpr int W = COFF * HEAD_DIM;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;
   const RowWindow w = guessed_row_window<RATIO>(row, total_tokens);
-  if (w.padding || !leads_prefetch<LEAD_COLS>(col)) return;
+  if (w.padding) return;
   const long long base = static_cast<long long>(w.t0) * W + col;
 #pragma unroll
   for (int k = 0; k < RATIO; ++k) {

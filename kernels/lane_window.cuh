@@ -35,15 +35,21 @@ __device__ __forceinline__ bool lane_slot_base(const RowWindow& w, int col, int 
   return valid;
 }
 
-// This thread's slots of `row`'s window at the guessed place (guessed_row_window): the lines
-// its loads, or the ring's copies, will read.
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, int LEAD_COLS>
+// Whether a bf16 column starts a 128-byte line of its token (a multiple of 64 columns).
+__device__ __forceinline__ bool starts_line(int col) {
+  return col % 64 == 0;
+}
+
+// This thread's slots of `row`'s window at the guessed place (guessed_row_window), issued only
+// by the thread whose columns start a 128-byte line (column a multiple of 64): the sector
+// there, for the lines its CTA's loads, or its ring's copies, will read.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
 __device__ __forceinline__ void prefetch_lane_window(const csa_u16* score, const csa_u16* kv,
                                                      int row, int total_tokens, int col, int lane) {
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using G = typename LW::Geometry;
   const RowWindow w = guessed_row_window<RATIO>(row, total_tokens);
-  if (w.padding || !leads_prefetch<LEAD_COLS>(col)) return;
+  if (w.padding || !starts_line(col)) return;
 #pragma unroll
   for (int j = 0; j < LW::C; ++j) {
     const int k = lane * LW::C + j;
@@ -580,7 +586,7 @@ __global__ void __launch_bounds__(TX* LANES,
 #pragma unroll
     for (int i = 0; i < (STAGES > 1 ? STAGES - 1 : 1); ++i) {
       if (i < p.rows_per_cta && row_begin + i < p.total_comp)
-        prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES, 64>(
+        prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(
             p.score, p.kv, static_cast<int>(row_begin + i), p.total_tokens, col, lane);
     }
   }

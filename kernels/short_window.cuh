@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(THREADS)
   // 37.1 -> 34.5 (1x4096 7.83 -> 8.05); with 8 slots 4,2,128,1x8192 4.85 -> 5.28 and 3x8192
   // 10.5 -> 11.0.
   if constexpr (COFF * RATIO <= 4)
-    prefetch_row_window<RATIO, COFF, HEAD_DIM, 1>(p.score, p.kv, row, col, p.total_tokens);
+    prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
   const RowWindow w =
       locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
   const bool use_prev = COFF == 2 && !w.first;
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(TX* TY)
       // needs no offsets, go out first. H200, kernel us: 4,2,128,1x8192 9.53 -> 8.93,
       // 2,2,128,1x4096 6.44 -> 6.10, 2,2,512,3x8192 74.8 -> 64.9; one thread per 128-byte line
       // (a quarter of the sectors) 9.17, 6.28, 64.9.
-      prefetch_row_window<RATIO, COFF, HEAD_DIM, 1>(p.score, p.kv, row, col, p.total_tokens);
+      prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
       const RowWindow w =
