@@ -76,9 +76,7 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
       b.fixed_slot = b.slot;
       b.fixed_resident_ctas = b.resident_ctas;
       if (b.schedule.atomic_ape) {
-        schedule::LongWindowSchedule twin = b.schedule;
-        twin.atomic_ape = false;
-        b.fixed_slot = slot_of(twin);
+        b.fixed_slot = slot_of(b.schedule.fixed_order_twin());
         b.fixed_resident_ctas = configure(b.fixed_slot, b.shared_bytes, b.schedule.threads);
       }
       out.push_back(b);

@@ -42,6 +42,13 @@ struct LongWindowSchedule {
     return staged == o.staged && template_args() == o.template_args();
   }
   bool bitwise() const { return serial && !fast_exp; }
+  // The same kernel with grad_ape in the fixed order: what deterministic calls of an atomic
+  // bucket launch (compiled beside it).
+  LongWindowSchedule fixed_order_twin() const {
+    LongWindowSchedule twin = *this;
+    twin.atomic_ape = false;
+    return twin;
+  }
   bool operator==(const LongWindowSchedule& o) const { return describe() == o.describe(); }
 };
 

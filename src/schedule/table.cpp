@@ -366,12 +366,9 @@ std::vector<LongWindowSchedule> ScheduleSet::kernels(const Config& c, Direction 
   }
   const TableEntry& e = table_for(arch)->entries[static_cast<std::size_t>(first.entry)];
   for (const auto& b : e.buckets) {
-    LongWindowSchedule s = fit_long_window(c, b.schedule, arch, direction);
+    const LongWindowSchedule s = fit_long_window(c, b.schedule, arch, direction);
     add_unique(s);
-    if (s.atomic_ape) {
-      s.atomic_ape = false;  // the fixed-order twin, for calls in deterministic mode
-      add_unique(s);
-    }
+    if (s.atomic_ape) add_unique(s.fixed_order_twin());
   }
   return out;
 }
