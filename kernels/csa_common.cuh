@@ -10,7 +10,11 @@ namespace csa_kernel {
 // scheduled while this one runs (they wait in their own pdl_enter()). This hides the launch
 // latency between back-to-back kernels. Both instructions do nothing when the launch did not
 // ask for programmatic serialization.
-// NOTE: must come before the kernel's first global memory access, read or write.
+// NOTE: must come before the kernel's first global memory access, read or write. The one
+// exception is an L2 prefetch (prefetch_l2): a hint that neither reads a value nor writes one,
+// and L2 is where the previous kernel's stores land, so it cannot observe or keep stale data.
+// Issued before the wait, the window's DRAM round trip overlaps the previous kernel's tail
+// (short_window_forward).
 // NOTE: the early launch_dependents also lets a kernel that the application launches next
 // with programmatic serialization start before this one ends; such a kernel must wait
 // (griddepcontrol.wait / cudaGridDependencySynchronize) before reading csa's outputs, as the

@@ -581,7 +581,9 @@ __global__ void __launch_bounds__(TX* LANES,
   // 128-byte line. H200, kernel us: 128,1,128,1x4096 6.30 -> 5.94, 128,2,128,1x4096 8.93 ->
   // 8.42, 128,1,512,1x8192 15.98 -> 15.54, the large shapes within their run-to-run spread;
   // every thread prefetching its own sectors: 6.20, 9.10, 15.66. The forward measured slower
-  // with either (128,2,512,1x131072 153.9 -> 166.1 one per line, 202.8 every thread).
+  // with either (128,2,512,1x131072 153.9 -> 166.1 one per line, 202.8 every thread). Before
+  // the programmatic wait the small shapes gained 0.1-0.3 us (128,1,128,1x8192 7.78 -> 7.51)
+  // but 128,1,512,1x65536 lost 2.8 % (98.5 -> 101.3), so the prefetch stays after it.
   if (active) {
 #pragma unroll
     for (int i = 0; i < (STAGES > 1 ? STAGES - 1 : 1); ++i) {

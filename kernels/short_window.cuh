@@ -44,7 +44,6 @@ __device__ __forceinline__ void load_window(const csa_u16* score, const csa_u16*
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS>
 __global__ void __launch_bounds__(THREADS)
     short_window_forward(const __grid_constant__ ForwardParams p) {
-  pdl_enter();
   static_assert(COFF == 1 || COFF == 2, "coff");
   static_assert(HEAD_DIM % VEC == 0, "VEC must divide head_dim");
   constexpr int W = COFF * HEAD_DIM;
@@ -52,15 +51,21 @@ __global__ void __launch_bounds__(THREADS)
   constexpr int NPREV = COFF == 2 ? RATIO : 1;
 
   const long long gid = static_cast<long long>(blockIdx.x) * THREADS + threadIdx.x;
-  if (gid >= static_cast<long long>(p.total_comp) * NCV) return;
+  const bool has_row = gid < static_cast<long long>(p.total_comp) * NCV;
   const int row = static_cast<int>(gid / NCV);
   const int col = static_cast<int>(gid - static_cast<long long>(row) * NCV) * VEC;
-  // The guessed window's prefetch (every thread) paid in the forward only for windows of up to
-  // 4 slots. H200, kernel us: 2,2,128 1x4096 3.19 -> 3.06, 3x8192 11.3 -> 10.9, 2,2,512,3x8192
-  // 37.1 -> 34.5 (1x4096 7.83 -> 8.05); with 8 slots 4,2,128,1x8192 4.85 -> 5.28 and 3x8192
-  // 10.5 -> 11.0.
-  if constexpr (COFF * RATIO <= 4)
+  // The guessed window's prefetch (every thread: its own sectors) goes out before the
+  // programmatic wait (pdl_enter), so that its DRAM round trip overlaps the previous kernel's
+  // tail. H200, kernel us, two builds: 4,2,128,1x4096 3.26 -> 2.65, 1x8192 4.90 -> 4.41,
+  // 2,2,128,1x4096 3.07 -> 2.63, 2,2,512,1x4096 8.07 -> 7.02, 4,2,512,3x8192 34.8 -> 33.7-34.0,
+  // 2,2,128,3x8192 (prefetching after the wait before) 11.0 -> 10.3. Only the wide kernel (256
+  // threads) with 8-slot windows at head_dim 128 lost: 4,2,128,3x8192 10.55 -> 11.5 (after the
+  // wait it lost there too, 10.5 -> 11.0), so such kernels do not prefetch.
+  constexpr bool PREFETCH = !(THREADS >= 256 && COFF * RATIO >= 8 && HEAD_DIM < 256);
+  if (PREFETCH && has_row)
     prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
+  pdl_enter();
+  if (!has_row) return;
   const RowWindow w =
       locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
   const bool use_prev = COFF == 2 && !w.first;
@@ -172,7 +177,9 @@ __global__ void __launch_bounds__(TX* TY)
       // window's prefetch (every thread: its own sectors) and grad_out's load, whose address
       // needs no offsets, go out first. H200, kernel us: 4,2,128,1x8192 9.53 -> 8.93,
       // 2,2,128,1x4096 6.44 -> 6.10, 2,2,512,3x8192 74.8 -> 64.9; one thread per 128-byte line
-      // (a quarter of the sectors) 9.17, 6.28, 64.9.
+      // (a quarter of the sectors) 9.17, 6.28, 64.9. The first row's prefetch before the
+      // programmatic wait, as the forward does, measured slower here: 4,2,128,1x8192 8.96 ->
+      // 9.28, 2,2,128,1x4096 6.15 -> 6.47, 4,2,512,1x4096 13.66 -> 14.0.
       prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
