@@ -5,7 +5,8 @@
 #   tools/ab_bench.sh OUTDIR NAME=LIBDIR [NAME=LIBDIR ...] -- [csa bench options]
 # LIBDIR holds a libcsa.so (a copy of a build's libcsa.so*); the csa executable comes from
 # CSA_AB_BUILD (default: build) and loads each LIBDIR's library in turn. CSA_AB_ROUNDS sets
-# the rounds (default 2). Example:
+# the rounds (default 2). CSA_AB_SECONDS: start no run after that many seconds and print the
+# table of the runs done (a run cut short by an outer time limit prints nothing). Example:
 #   tools/ab_bench.sh /tmp/ab base=build/var_base new=build -- --direction fwd -s 128,1,512,1x65536
 set -u
 out=${1:?usage: tools/ab_bench.sh OUTDIR NAME=LIBDIR ... -- [csa bench options]}
@@ -23,6 +24,8 @@ done
 csa="${CSA_AB_BUILD:-build}/csa"
 [ -x "$csa" ] || { echo "ab_bench: $csa not found (set CSA_AB_BUILD)" >&2; exit 2; }
 rounds=${CSA_AB_ROUNDS:-2}
+deadline=${CSA_AB_SECONDS:-}
+started=$(date +%s)
 mkdir -p "$out"
 columns=()
 for ((r = 1; r <= rounds; ++r)); do
@@ -30,6 +33,10 @@ for ((r = 1; r <= rounds; ++r)); do
     name=${b%%=*}
     lib=${b#*=}
     [ -e "$lib/libcsa.so" ] || { echo "ab_bench: no libcsa.so in $lib" >&2; exit 2; }
+    if [ -n "$deadline" ] && [ $(($(date +%s) - started)) -ge "$deadline" ]; then
+      echo "ab_bench: ${deadline} s passed; ${name}_$r and later runs not started" >&2
+      break 2
+    fi
     col="${name}_$r"
     LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" "$csa" bench --no-jit --json "$out/$col.json" "$@" \
       >"$out/$col.txt" 2>&1
@@ -39,6 +46,7 @@ for ((r = 1; r <= rounds; ++r)); do
     columns+=("$col")
   done
 done
+[ ${#columns[@]} -ge 1 ] || { echo "ab_bench: no run finished" >&2; exit 1; }
 python3 - "$out" "${columns[@]}" <<'EOF'
 import json, sys
 out, columns = sys.argv[1], sys.argv[2:]
