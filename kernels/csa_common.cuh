@@ -14,7 +14,7 @@ namespace csa_kernel {
 // exception is an L2 prefetch (prefetch_l2): a hint that neither reads a value nor writes one,
 // and L2 is where the previous kernel's stores land, so it cannot observe or keep stale data.
 // Issued before the wait, the window's DRAM round trip overlaps the previous kernel's tail
-// (short_window_forward).
+// (short_window_forward; lane_window_forward on grids of at most 3 waves).
 // NOTE: the early launch_dependents also lets a kernel that the application launches next
 // with programmatic serialization start before this one ends; such a kernel must wait
 // (griddepcontrol.wait / cudaGridDependencySynchronize) before reading csa's outputs, as the

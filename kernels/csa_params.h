@@ -24,7 +24,7 @@ struct ForwardParams {
   csa_i32 total_tokens;
   csa_i32 num_segments;
   csa_i32 total_comp;
-  csa_i32 unused;
+  csa_i32 prefetch_early;  // lane-window forward: prefetch the window before the wait (host)
 };
 
 struct BackwardParams {

@@ -444,7 +444,6 @@ template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SE
 __global__ void __launch_bounds__(
     TX* LANES, forward_min_ctas<RATIO, COFF, HEAD_DIM, VEC, LANES, SERIAL>(TX* LANES))
     lane_window_forward(const __grid_constant__ ForwardParams p) {
-  pdl_enter();
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   static_assert(LANES >= VEC, "lanes 0..VEC-1 finish the columns");
   static_assert(!(SERIAL && FAST_EXP), "the serial order is the bitwise contract: exact expf");
@@ -459,6 +458,16 @@ __global__ void __launch_bounds__(
   const int lane = threadIdx.y;
   const bool active = cv < NCV;
   const int col = cv * VEC;
+  // Small grids only (the host's choice, ForwardParams::prefetch_early: at most 3 waves of
+  // CTAs): the guessed window's prefetch, one thread per 128-byte line, before the
+  // programmatic wait, so that its DRAM round trip overlaps the previous kernel's tail. H200,
+  // kernel us: 128,2,512,1x4096 7.85 -> 7.39, 128,1,128,1x8192 7.07 -> 6.61, 128,1,128,1x4096
+  // 4.69 -> 4.33. Every CTA prefetching on every grid lost 5-10 % from 5 waves on; only the
+  // first wave prefetching lost the small grids' gain.
+  if (p.prefetch_early && active)
+    prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(p.score, p.kv, row, p.total_tokens, col,
+                                                            lane);
+  pdl_enter();
   const RowWindow w =
       locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
   float s[LW::C][VEC], x[LW::C][VEC];

@@ -85,7 +85,7 @@ __device__ inline ForwardParams forward_view(const BackwardParams& b) {
   f.total_tokens = b.total_tokens;
   f.num_segments = b.num_segments;
   f.total_comp = b.total_comp;
-  f.unused = 0;
+  f.prefetch_early = 0;
   return f;
 }
 

@@ -126,6 +126,8 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   // NOTE: total_comp * slices < 2^31: validation keeps total_comp * head_dim below it.
   const std::int64_t slices = (a.config.head_dim + b.schedule.cols - 1) / b.schedule.cols;
   shape.grid_x = static_cast<unsigned>(a.total_comp * slices);
+  params.prefetch_early =
+      schedule::forward_prefetches_early(shape.grid_x, p.device.sm_count, b.resident_ctas) ? 1 : 0;
   set_block(shape, b, p.programmatic);
   launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
 }

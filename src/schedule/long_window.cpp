@@ -141,4 +141,9 @@ LongWindowGrid long_window_backward_grid(const Config& c, const LongWindowSchedu
   return g;
 }
 
+bool forward_prefetches_early(std::int64_t ctas, int sm_count, int resident_per_sm) {
+  const std::int64_t wave = static_cast<std::int64_t>(sm_count) * std::max(resident_per_sm, 1);
+  return ctas <= kForwardPrefetchEarlyWaves * wave;
+}
+
 }  // namespace csa::schedule

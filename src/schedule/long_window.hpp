@@ -74,4 +74,9 @@ struct LongWindowGrid {
 LongWindowGrid long_window_backward_grid(const Config& config, const LongWindowSchedule& s,
                                          std::int64_t rows, int sm_count, int resident_per_sm);
 
+// Whether a lane-window forward grid of `ctas` CTAs prefetches its windows before the
+// programmatic wait: at most kForwardPrefetchEarlyWaves full waves of resident CTAs.
+inline constexpr int kForwardPrefetchEarlyWaves = 3;
+bool forward_prefetches_early(std::int64_t ctas, int sm_count, int resident_per_sm);
+
 }  // namespace csa::schedule
