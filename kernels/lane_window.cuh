@@ -660,6 +660,17 @@ __global__ void __launch_bounds__(TX* LANES,
       const long long ahead = static_cast<long long>(row) + STAGES - 1;
       fetched = Ring::fetch(ring + ((it + STAGES - 1) % STAGES) * Ring::STAGE_ELEMS, p,
                             static_cast<int>(ahead), ahead < row_end, col0);
+      // Narrow coff-1 windows: the row after the ring's reach goes to L2 too (its guessed
+      // place, one thread per 128-byte line). H200, kernel us: 128,1,128,1x131072 50.3 -> 47.7,
+      // 1x65536 27.7 -> 26.5; 128,1,512 the same within 1 % (1x8192 15.6 -> 15.7); two rows
+      // beyond: no gain. NOTE: at coff 2 the same prefetch ran 1.3-2.2x slower (128,2,512,
+      // 1x131072 414 -> 890, 128,2,128,1x131072 114 -> 173); why is not measured.
+      if constexpr (COFF == 1 && HEAD_DIM <= 128) {
+        const long long further = ahead + 1;
+        if (active && further < row_end)
+          prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(
+              p.score, p.kv, static_cast<int>(further), p.total_tokens, col, lane);
+      }
       Ring::read(ring + (it % STAGES) * Ring::STAGE_ELEMS, ape_sm, ape, w, lane, s, x, g);
     } else {
       LaneLoads<RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
