@@ -69,7 +69,8 @@ ModuleSpec make_long_window_spec(const Config& c,
   req.arch = arch;
   req.options = base_options(options);
   req.source =
-      "#include \"long_window.cuh\"\n#include \"lane_window.cuh\"\n#include \"ape_reduce.cuh\"\n";
+      "#include \"long_window.cuh\"\n#include \"lane_window_forward.cuh\"\n"
+      "#include \"lane_window_backward.cuh\"\n#include \"ape_reduce.cuh\"\n";
   const std::string shape = fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim);
   LongWindowSlots s;
   s.forward_begin = 0;

@@ -1,0 +1,493 @@
+// Long-window family, lanes form: the backward kernel (a group of rows and one column slice
+// per CTA), its window loads, its shared-memory ring and its merge of a column's lanes.
+#pragma once
+#include "lane_window.cuh"
+namespace csa_kernel {
+
+// The backward's loads of one row's window: raw bf16 issued together, then turned into s and
+// kv. ape is row-independent and held in registers for the whole CTA.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
+struct LaneLoads {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  using Raw = typename RawBf16<VEC>::type;
+  Raw score[LW::C], kv[LW::C], grad_out;
+
+  __device__ __forceinline__ void issue(const BackwardParams& p, const RowWindow& w, int row,
+                                        int col, int lane, bool active) {
+    grad_out =
+        active ? __ldg(reinterpret_cast<const Raw*>(p.grad_out + row * HEAD_DIM + col)) : Raw{};
+    if constexpr (LW::UNIFORM) {
+      long long offset0 = 0;
+      const bool valid =
+          active && lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
+      const Raw* const score0 = reinterpret_cast<const Raw*>(p.score + offset0);
+      const Raw* const kv0 = reinterpret_cast<const Raw*>(p.kv + offset0);
+      constexpr int kStride = LW::W / VEC;  // one token, in Raw elements
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        score[j] = valid ? __ldg(score0 + j * kStride) : Raw{};
+        kv[j] = valid ? __ldg(kv0 + j * kStride) : Raw{};
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        const int k = lane * LW::C + j;
+        if (active && k < LW::WIN && G::valid(k, w.first)) {
+          const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+          score[j] = __ldg(reinterpret_cast<const Raw*>(p.score + off));
+          kv[j] = __ldg(reinterpret_cast<const Raw*>(p.kv + off));
+        } else {
+          score[j] = Raw{};
+          kv[j] = Raw{};
+        }
+      }
+    }
+  }
+
+  // s = score + ape (invalid slots: -inf), kv (invalid: 0).
+  __device__ __forceinline__ void finish(const float (&ape)[LW::C][VEC], const RowWindow& w,
+                                         int lane, float (&s)[LW::C][VEC], float (&x)[LW::C][VEC],
+                                         float (&g)[VEC]) const {
+    raw_to_f32<VEC>(grad_out, g);
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      const bool valid = k < LW::WIN && G::valid(k, w.first);
+      float sc[VEC];
+      raw_to_f32<VEC>(score[j], sc);
+      raw_to_f32<VEC>(kv[j], x[j]);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) s[j][v] = valid ? __fadd_rn(sc[v], ape[j][v]) : neg_inf();
+    }
+  }
+};
+
+// The backward's ring of STAGES rows (STAGES >= 2): score and kv of the window for the CTA's
+// COLS columns, and grad_out, copied by the whole CTA with 16-byte cp.async while earlier rows
+// are computed, so a row's DRAM round trip overlaps the previous rows' arithmetic and barriers
+// without holding the loads in registers. Needs head_dim % 8 == 0 (16-byte chunks; the
+// pointers are 16-byte aligned by contract) and COLS >= 8.
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES>
+struct LaneRing {
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using G = typename LW::Geometry;
+  using Raw = typename RawBf16<VEC>::type;
+  static constexpr int COLS = TX * VEC;
+  static constexpr int THREADS = TX * LANES;
+  static constexpr int CHUNKS = COLS / 8;  // 16-byte chunks per slot and array
+  // One pad row after each lane's block of C slots: the lanes of one warp read different banks.
+  static constexpr int ROWS = LW::WIN + LANES;
+  static __device__ __forceinline__ int slot_row(int k) { return k + k / LW::C; }
+  // Per stage, in bf16 elements: score[ROWS][COLS] | kv[ROWS][COLS] | grad_out[COLS], padded
+  // to 16 bytes. Must match long_window_shared_bytes() on the host.
+  static constexpr int STAGE_ELEMS = ((2 * ROWS * COLS + COLS) + 7) / 8 * 8;
+
+  // BLOCKED: every pass of the CTA's threads over the copies covers SLOTS_PER_PASS whole slots
+  // of one array, inside one half of the window and starting at a multiple of C. Then a
+  // thread's (slot within the pass, 16-byte chunk) is the same in every pass and every row, and
+  // each pass adds compile-time offsets only: one 64-bit source base per row and array, one
+  // shared-memory base per thread. The generic mapping rebuilt every copy's slot, token and
+  // both addresses from the copy index on every row (sm_90 SASS of the 128,2,512 v2 c16 t256
+  // ring backward: ~270 integer instructions a row for 4 copies a thread).
+  static constexpr int SLOTS_PER_PASS = THREADS / CHUNKS;
+  static constexpr bool BLOCKED = THREADS % CHUNKS == 0 && (LW::WIN * CHUNKS) % THREADS == 0 &&
+                                  RATIO % SLOTS_PER_PASS == 0 && SLOTS_PER_PASS % LW::C == 0;
+
+  static __device__ __forceinline__ void fetch_blocked(csa_u16* stage, const BackwardParams& p,
+                                                       const RowWindow& w, int tid, int col0) {
+    constexpr int PASSES = 2 * LW::WIN * CHUNKS / THREADS;
+    const int t = tid / CHUNKS;                // slot within a pass
+    const int chunk = (tid - t * CHUNKS) * 8;  // first column within the CTA's columns
+    const bool col_ok = col0 + chunk < HEAD_DIM;
+    // NOTE: 64-bit: the token offsets reach total_tokens * W. Slot k0 + t of a pass lies on
+    // token t0 + k0 + t - (COFF - 1) * RATIO; the base is only formed, and only used where the
+    // pass's slots are valid (then that token is in range).
+    const long long base =
+        (static_cast<long long>(w.t0) + t - (COFF - 1) * RATIO) * LW::W + col0 + chunk;
+    csa_u16* const dst = stage + slot_row(t) * COLS + chunk;
+#pragma unroll
+    for (int pass = 0; pass < PASSES; ++pass) {
+      constexpr int PER_ARRAY = LW::WIN * CHUNKS / THREADS;
+      const int array = pass / PER_ARRAY;
+      const int k0 = (pass - array * PER_ARRAY) * SLOTS_PER_PASS;  // multiple of C
+      const bool ok = col_ok && G::valid(k0, w.first);             // the same for the pass's slots
+      const csa_u16* const src = array == 0 ? p.score : p.kv;
+      cp_async_16(dst + (array * ROWS + k0 + k0 / LW::C) * COLS,
+                  ok ? src + base + k0 * LW::W + G::half_offset(k0) : src, ok);
+    }
+  }
+
+  // Any geometry: each copy's array, slot and chunk from its index.
+  static __device__ __forceinline__ void fetch_generic(csa_u16* stage, const BackwardParams& p,
+                                                       const RowWindow& w, int tid, int col0) {
+    constexpr int ITEMS = 2 * LW::WIN * CHUNKS;
+#pragma unroll
+    for (int i0 = 0; i0 < ITEMS; i0 += THREADS) {
+      const int i = i0 + tid;
+      if (ITEMS % THREADS != 0 && i >= ITEMS) break;
+      const int array = i / (LW::WIN * CHUNKS);
+      const int r = i - array * (LW::WIN * CHUNKS);
+      const int k = r / CHUNKS;
+      const int col = col0 + (r - k * CHUNKS) * 8;
+      const bool ok = col < HEAD_DIM && G::valid(k, w.first);
+      const csa_u16* src = array == 0 ? p.score : p.kv;
+      if (ok) src += G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+      cp_async_16(stage + (array * ROWS + slot_row(k)) * COLS + (col - col0), src, ok);
+    }
+  }
+
+  // Issues the copies of `row` into `stage` (all threads) and commits one group; with
+  // `!has_row` only the (empty) group, so every thread's group count stays in step. Returns
+  // the row's window (located only with `has_row`), which the CTA reuses when it computes it.
+  static __device__ __forceinline__ RowWindow fetch(csa_u16* stage, const BackwardParams& p,
+                                                    int row, bool has_row, int col0) {
+    static_assert(COLS % 8 == 0 && HEAD_DIM % 8 == 0, "the ring copies 16-byte chunks");
+    RowWindow w{};
+    if (has_row) {
+      w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+      const int tid = threadIdx.y * TX + threadIdx.x;
+      if constexpr (BLOCKED) {
+        fetch_blocked(stage, p, w, tid, col0);
+      } else {
+        fetch_generic(stage, p, w, tid, col0);
+      }
+      if (tid < CHUNKS) {
+        const int col = col0 + tid * 8;
+        const bool ok = col < HEAD_DIM;
+        cp_async_16(stage + 2 * ROWS * COLS + tid * 8, p.grad_out + (ok ? row * HEAD_DIM + col : 0),
+                    ok);
+      }
+    }
+    cp_async_commit();
+    return w;
+  }
+
+  // This thread's slots of one staged row: s = score + ape (invalid slots: -inf), kv (invalid
+  // slots and columns past head_dim were zero-filled), grad_out.
+  // Above 256 threads (64 registers a thread) this thread's ape values live in shared memory
+  // too (they are the same for every row); at 256 they stay in registers, which measured
+  // 3-5 % faster on the H200. Thread-private: [C * VEC][THREADS] floats.
+  static constexpr bool APE_IN_SHARED = THREADS > 256;
+  static constexpr int APE_FLOATS = APE_IN_SHARED ? LW::C * VEC * THREADS : 0;
+  static __device__ __forceinline__ float& ape_at(float* ape_sm, int j, int v) {
+    return ape_sm[(j * VEC + v) * THREADS + threadIdx.y * TX + threadIdx.x];
+  }
+
+  static __device__ __forceinline__ void read(const csa_u16* stage, float* ape_sm,
+                                              const float (&ape)[LW::C][VEC], const RowWindow& w,
+                                              int lane, float (&s)[LW::C][VEC],
+                                              float (&x)[LW::C][VEC], float (&g)[VEC]) {
+    const int c = threadIdx.x * VEC;
+    raw_to_f32<VEC>(*reinterpret_cast<const Raw*>(stage + 2 * ROWS * COLS + c), g);
+    // The lane's slots are rows slot_row(lane * C) + j of the stage: one base, compile-time
+    // steps (the generic slot_row(k) cost a signed division per slot in the SASS). Where the
+    // lanes cover the window exactly every row is in the stage, so the reads need no guard:
+    // the copies of invalid slots were zero-filled.
+    constexpr bool EXACT = LW::C * LANES == LW::WIN;
+    const csa_u16* const lane_rows = stage + (lane * LW::C + lane) * COLS + c;
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      const bool valid = (EXACT || k < LW::WIN) && G::valid(k, w.first);
+      Raw rs{}, rx{};
+      if (EXACT || k < LW::WIN) {
+        rs = *reinterpret_cast<const Raw*>(lane_rows + j * COLS);
+        rx = *reinterpret_cast<const Raw*>(lane_rows + (ROWS + j) * COLS);
+      }
+      float sc[VEC];
+      raw_to_f32<VEC>(rs, sc);
+      raw_to_f32<VEC>(rx, x[j]);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v)
+        s[j][v] =
+            valid ? __fadd_rn(sc[v], APE_IN_SHARED ? ape_at(ape_sm, j, v) : ape[j][v]) : neg_inf();
+    }
+  }
+};
+
+// The backward's merge of one column's lanes, shared by the threads of that column within a
+// warp: with TX < 32 a warp holds K = 32 / TX lanes of each of its columns (thread (x, y) is
+// warp lane y * TX + x), and every thread used to merge all LANES lanes itself. Thread y now
+// merges the lanes q = y % K, y % K + K, ... in order (conflict-free: the K threads of a column
+// read K consecutive lane rows) and xor shuffles over the K threads combine the K results.
+// Each level of the butterfly adds two values in either order, so every thread of the column,
+// in every warp, ends with the same bits: fixed order, deterministic run to run.
+template <int TX, int LANES>
+struct ColumnLanes {
+  static constexpr int K = (TX < 32 && 32 % TX == 0) ? 32 / TX : 1;
+  static_assert(LANES % K == 0, "whole warps of lanes");
+  // Lanes first(), first() + K, ... of the column: every K-th lane row.
+  // NOTE: merged_max / merged_sum unroll by 8, not fully: 16 lanes unrolled spilled 12-20 B in
+  // the 512-thread ring kernels (64 registers), tuner candidates that CI compiles.
+  static constexpr int PER_THREAD = LANES / K;
+  static __device__ __forceinline__ int first() { return static_cast<int>(threadIdx.y) % K; }
+
+  static __device__ __forceinline__ float max(const float* m, int stride) {
+    float M = merged_max<PER_THREAD, false>(m + first() * stride, K * stride);
+#pragma unroll
+    for (int o = TX; o < 32 && K > 1; o <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    return M;
+  }
+
+  template <bool FAST_EXP>
+  static __device__ __forceinline__ float rescaled_sum(const float* m, const float* part,
+                                                       int stride, float M) {
+    return butterfly_sum(merged_sum<PER_THREAD, FAST_EXP>(m + first() * stride,
+                                                          part + first() * stride, K * stride, M));
+  }
+
+  static __device__ __forceinline__ float sum(const float* part, int stride) {
+    float s = 0.0f;
+    part += first() * stride;
+#pragma unroll 8
+    for (int i = 0; i < PER_THREAD; ++i) s = __fadd_rn(s, part[i * K * stride]);
+    return butterfly_sum(s);
+  }
+
+  static __device__ __forceinline__ float butterfly_sum(float s) {
+#pragma unroll
+    for (int o = TX; o < 32 && K > 1; o <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+  }
+};
+
+// STAGES = 1: each row's window is loaded straight into registers (one round trip per row);
+// STAGES >= 2: through LaneRing, STAGES - 1 rows ahead.
+// Launch bounds: 256 threads, 2 CTAs per SM (128 registers); with the ring (no window loads
+// held in registers, ape in shared memory) 512 threads also keep 2 CTAs per SM (64 registers).
+// ATOMIC_APE: the CTA's grad_ape partials are added into grad_ape (atomic mode) instead of
+// written to p.workspace for the fixed-order reduction. A template argument, not a flag: the
+// fixed-order kernel stays exactly the code it was (a runtime branch here cost the ring
+// kernels up to 14 % at 131072 tokens on the H200).
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES, bool FAST_EXP,
+          bool ATOMIC_APE>
+__global__ void __launch_bounds__(TX* LANES,
+                                  (TX * LANES <= 256 || (STAGES > 1 && TX * LANES <= 512)) ? 2 : 1)
+    lane_window_backward(const __grid_constant__ BackwardParams p) {
+  pdl_enter();
+  static_assert(STAGES >= 1 && STAGES <= 4, "stages");
+  using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using Ring = LaneRing<RATIO, COFF, HEAD_DIM, VEC, TX, LANES>;  // STAGES >= 2 only
+  using G = typename LW::Geometry;
+  using Merge = ColumnLanes<TX, LANES>;
+  constexpr int NCV = HEAD_DIM / VEC;
+  constexpr int COLS = TX * VEC;
+  constexpr int THREADS = TX * LANES;
+  static_assert(THREADS % 32 == 0, "whole warps: the merge shuffles over full warps");
+  // Double-buffered by row parity: two barriers per row.
+  __shared__ float sm_m[2][LANES][COLS], sm_den[2][LANES][COLS], sm_s[2][LANES][COLS];
+  const int lane = threadIdx.y;
+  const int cv = blockIdx.y * TX + threadIdx.x;
+  const bool active = cv < NCV;
+  const int col = cv * VEC;
+  const int col0 = blockIdx.y * COLS;
+  const long long row_begin = static_cast<long long>(blockIdx.x) * p.rows_per_cta;
+  // The first rows' windows (those the ring fetches before its loop, else the first) at the
+  // guessed place, ahead of the dependent loads of cuc[B] and locate_row; one thread per
+  // 128-byte line. H200, kernel us: 128,1,128,1x4096 6.30 -> 5.94, 128,2,128,1x4096 8.93 ->
+  // 8.42, 128,1,512,1x8192 15.98 -> 15.54, the large shapes within their run-to-run spread;
+  // every thread prefetching its own sectors: 6.20, 9.10, 15.66. The forward measured slower
+  // with either (128,2,512,1x131072 153.9 -> 166.1 one per line, 202.8 every thread). Before
+  // the programmatic wait the small shapes gained 0.1-0.3 us (128,1,128,1x8192 7.78 -> 7.51)
+  // but 128,1,512,1x65536 lost 2.8 % (98.5 -> 101.3), so the prefetch stays after it.
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < (STAGES > 1 ? STAGES - 1 : 1); ++i) {
+      if (i < p.rows_per_cta && row_begin + i < p.total_comp)
+        prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(
+            p.score, p.kv, static_cast<int>(row_begin + i), p.total_tokens, col, lane);
+    }
+  }
+  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
+
+  float dape[LW::C][VEC];
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) dape[j][v] = 0.0f;
+
+  // ape of this thread's slots: the same for every row; in registers, or (ring above 256
+  // threads) in the thread's part of shared memory after the ring.
+  extern __shared__ __align__(16) csa_u16 ring[];
+  float* const ape_sm = reinterpret_cast<float*>(ring + STAGES * Ring::STAGE_ELEMS);
+  float ape[LW::C][VEC];
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j) {
+    const int k = lane * LW::C + j;
+    if (active && k < LW::WIN) {
+      load_f32<VEC>(p.ape + G::ape_index(k, col), ape[j]);
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) ape[j][v] = 0.0f;
+    }
+    if constexpr (STAGES > 1 && Ring::APE_IN_SHARED) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) Ring::ape_at(ape_sm, j, v) = ape[j][v];
+    }
+  }
+
+  const int row_end = static_cast<int>(
+      row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
+  // The ring (STAGES >= 2) lives in dynamic shared memory: STAGES * Ring::STAGE_ELEMS bf16.
+  // With two stages the window located by the fetch of a row is the one its computation uses
+  // (one locate_row per row instead of two).
+  RowWindow fetched{};
+  if constexpr (STAGES > 1) {
+    // NOTE: every thread commits exactly one group per fetch (empty past row_end), so the
+    // wait_group counts below name the same rows in every thread.
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+      const long long r = row_begin + i;
+      fetched =
+          Ring::fetch(ring + i * Ring::STAGE_ELEMS, p, static_cast<int>(r), r < row_end, col0);
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+  }
+  int buf = 0;
+  int it = 0;
+  for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1, ++it) {
+    const RowWindow w = STAGES == 2 ? fetched
+                                    : locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp,
+                                                        p.num_segments, p.total_tokens, row);
+    float s[LW::C][VEC], x[LW::C][VEC], g[VEC];
+    if constexpr (STAGES > 1) {
+      // Row `row + STAGES - 1` goes to the stage that row - 1 used: every thread finished
+      // reading it before the previous row's second barrier.
+      const long long ahead = static_cast<long long>(row) + STAGES - 1;
+      fetched = Ring::fetch(ring + ((it + STAGES - 1) % STAGES) * Ring::STAGE_ELEMS, p,
+                            static_cast<int>(ahead), ahead < row_end, col0);
+      // Narrow coff-1 windows: the row after the ring's reach goes to L2 too (its guessed
+      // place, one thread per 128-byte line). H200, kernel us: 128,1,128,1x131072 50.3 -> 47.7,
+      // 1x65536 27.7 -> 26.5; 128,1,512 the same within 1 % (1x8192 15.6 -> 15.7); two rows
+      // beyond: no gain. NOTE: at coff 2 the same prefetch ran 1.3-2.2x slower (128,2,512,
+      // 1x131072 414 -> 890, 128,2,128,1x131072 114 -> 173); why is not measured.
+      if constexpr (COFF == 1 && HEAD_DIM <= 128) {
+        const long long further = ahead + 1;
+        if (active && further < row_end)
+          prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(
+              p.score, p.kv, static_cast<int>(further), p.total_tokens, col, lane);
+      }
+      Ring::read(ring + (it % STAGES) * Ring::STAGE_ELEMS, ape_sm, ape, w, lane, s, x, g);
+    } else {
+      LaneLoads<RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
+      loads.issue(p, w, row, col, lane, active);
+      loads.finish(ape, w, lane, s, x, g);
+    }
+    float m[VEC], den[VEC];
+    lane_exps<LW::C, VEC, FAST_EXP>(s, m, den);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      sm_m[buf][lane][threadIdx.x * VEC + v] = m[v];
+      sm_den[buf][lane][threadIdx.x * VEC + v] = den[v];
+    }
+    __syncthreads();
+    // The threads of a column merge its lanes in one fixed order (ColumnLanes): identical M
+    // and den in every thread of the column.
+    float scale[VEC], S_part[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const int c = threadIdx.x * VEC + v;
+      const float M = Merge::max(&sm_m[buf][0][c], COLS);
+      const float total =
+          Merge::template rescaled_sum<FAST_EXP>(&sm_m[buf][0][c], &sm_den[buf][0][c], COLS, M);
+      // p = e * exp(m_q - M) / den; an empty lane has e = 0 everywhere. The reciprocal is
+      // Newton-refined, not IEEE: this form is under the tolerance contract, and it keeps the
+      // division's slow-path call (and the register spills around it) out of the kernel.
+      scale[v] = m[v] == neg_inf() ? 0.0f
+                                   : __fmul_rn(softmax_exp<FAST_EXP>(__fsub_rn(m[v], M)),
+                                               refined_reciprocal(total));
+      S_part[v] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        s[j][v] = __fmul_rn(s[j][v], scale[v]);  // p_k
+        S_part[v] = __fadd_rn(S_part[v], __fmul_rn(__fmul_rn(g[v], x[j][v]), s[j][v]));
+      }
+      sm_s[buf][lane][c] = S_part[v];
+    }
+    // This barrier also publishes the next row's stage: this thread's copies of it are done.
+    if constexpr (STAGES > 1) cp_async_wait<STAGES - 2>();
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const int c = threadIdx.x * VEC + v;
+      S_part[v] = Merge::sum(&sm_s[buf][0][c], COLS);
+    }
+    if (active) {
+      // Without the ring, UNIFORM windows store each slot at one base plus an immediate, as
+      // they load. H200, kernel us: 128,1,512,1x4096 13.7 -> 13.2, 128,2,128,1x8192 14.9 ->
+      // 14.5; with the ring the same stores measured 0.3-0.8 % slower at coff 2 (128,2,512,
+      // 1x131072 446 -> 450), so the ring keeps the per-slot form.
+      constexpr bool SLOT_BASE = LW::UNIFORM && STAGES == 1;
+      long long offset0 = 0;
+      bool lane_valid = true;
+      if constexpr (SLOT_BASE)
+        lane_valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
+#pragma unroll
+      for (int j = 0; j < LW::C; ++j) {
+        const int k = lane * LW::C + j;
+        if (SLOT_BASE ? !lane_valid : (k >= LW::WIN || !G::valid(k, w.first))) continue;
+        float gkv[VEC], gs[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          const float pd = __fmul_rn(__fmul_rn(g[v], x[j][v]), s[j][v]);
+          gs[v] = __fmaf_rn(s[j][v], -S_part[v], pd);
+          gkv[v] = __fmul_rn(g[v], s[j][v]);
+          dape[j][v] = __fadd_rn(dape[j][v], gs[v]);
+        }
+        if constexpr (SLOT_BASE) {
+          store_bf16<VEC>(p.grad_kv + offset0 + j * LW::W, gkv);
+          store_bf16<VEC>(p.grad_score + offset0 + j * LW::W, gs);
+        } else {
+          const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+          store_bf16<VEC>(p.grad_kv + off, gkv);
+          store_bf16<VEC>(p.grad_score + off, gs);
+        }
+      }
+    }
+    if (w.last) {
+      if (COFF == 2) zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0, RATIO, col0, true);
+      const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
+      if (tail_end > w.t0 + RATIO)
+        zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0 + RATIO, tail_end - w.t0 - RATIO, col0,
+                                                   false);
+    }
+  }
+  zero_unowned<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
+
+  if constexpr (ATOMIC_APE) {
+    // Atomic mode: this CTA's partials go straight into grad_ape, zeroed first by the column
+    // slice's first CTA to get here when the call overwrites it outside capture.
+    if (p.workspace != nullptr) {
+      zero_once_per_call(reinterpret_cast<unsigned*>(p.workspace) + blockIdx.y, p.epoch,
+                         [&](int t, int threads) {
+                           for (int e = t; e < LW::WIN * COLS; e += threads) {
+                             const int k = e / COLS;
+                             const int c = col0 + e - k * COLS;
+                             if (c < HEAD_DIM) p.grad_ape[G::ape_index(k, c)] = 0.0f;
+                           }
+                         });
+    }
+    if (!active || row_end <= row_begin) return;  // no rows: nothing to add
+#pragma unroll
+    for (int j = 0; j < LW::C; ++j) {
+      const int k = lane * LW::C + j;
+      if (k >= LW::WIN) continue;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) atomicAdd(p.grad_ape + G::ape_index(k, col + v), dape[j][v]);
+    }
+    return;
+  }
+  if (!active) return;
+  float* dst = p.workspace + static_cast<long long>(blockIdx.x) * (RATIO * LW::W);
+#pragma unroll
+  for (int j = 0; j < LW::C; ++j) {
+    const int k = lane * LW::C + j;
+    if (k >= LW::WIN) continue;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) dst[G::ape_index(k, col + v)] = dape[j][v];
+  }
+}
+
+}  // namespace csa_kernel
