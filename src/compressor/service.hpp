@@ -40,7 +40,7 @@ struct PreparedBucket {
   schedule::LongWindowSchedule schedule;
   int slot = 0;  // kernel slot in the module
   int shared_bytes = 0;
-  int resident_ctas = 1;  // CTAs per SM (backward grid sizing)
+  int resident_ctas = 1;  // CTAs per SM (backward grid sizing, the forward's early prefetch)
   // Backward: the fixed-order kernel (the bucket's own unless it adds grad_ape atomically),
   // which deterministic calls take.
   int fixed_slot = 0;
