@@ -446,13 +446,7 @@ __global__ void __launch_bounds__(TX* LANES,
         }
       }
     }
-    if (w.last) {
-      if (COFF == 2) zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0, RATIO, col0, true);
-      const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
-      if (tail_end > w.t0 + RATIO)
-        zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0 + RATIO, tail_end - w.t0 - RATIO, col0,
-                                                   false);
-    }
+    zero_after_last_block<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, w, col0);
   }
   zero_unowned<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
 

@@ -215,15 +215,7 @@ __global__ void __launch_bounds__(THREADS)
         dape[j] = __fadd_rn(dape[j], ds);
       }
     }
-    if (w.last) {
-      // The segment's last block: its own tokens' first-half columns (coff 2) are never
-      // consumed, nor is the tail (< ratio tokens) after it.
-      if (COFF == 2) zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0, RATIO, col0, true);
-      const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
-      if (tail_end > w.t0 + RATIO)
-        zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0 + RATIO, tail_end - w.t0 - RATIO, col0,
-                                                   false);
-    }
+    zero_after_last_block<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, w, col0);
     __syncthreads();  // the tiles are restaged by the next row
   }
 

@@ -143,6 +143,20 @@ __device__ __forceinline__ void zero_tokens(const BackwardParams& p, int first_t
   }
 }
 
+// After a segment's last block (w.last), for the CTA's columns: exact zeros on what no row
+// consumes, the block's own first-half columns (coff 2) and the tail of fewer than ratio
+// tokens after it.
+template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
+__device__ __forceinline__ void zero_after_last_block(const BackwardParams& p, const RowWindow& w,
+                                                      int col0) {
+  if (!w.last) return;
+  if (COFF == 2) zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0, RATIO, col0, true);
+  const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
+  if (tail_end > w.t0 + RATIO)
+    zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0 + RATIO, tail_end - w.t0 - RATIO, col0,
+                                               false);
+}
+
 // Zero-writes owned by no row, for the CTA's columns: segments shorter than ratio and the
 // token capacity past cu[B], spread over the row groups (gridDim.x).
 template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
