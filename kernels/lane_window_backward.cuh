@@ -75,7 +75,10 @@ struct LaneRing {
   using Raw = typename RawBf16<VEC>::type;
   static constexpr int COLS = TX * VEC;
   static constexpr int THREADS = TX * LANES;
-  static constexpr int CHUNKS = COLS / 8;  // 16-byte chunks per slot and array
+  // 16-byte chunks per slot and array. The host gives the ring (STAGES > 1) only column blocks
+  // of whole chunks; narrower blocks (head_dim < 8) still instantiate this class, so CHUNKS
+  // stays at least 1 there for its constants, never used.
+  static constexpr int CHUNKS = COLS >= 8 ? COLS / 8 : 1;
   // One pad row after each lane's block of C slots: the lanes of one warp read different banks.
   static constexpr int ROWS = LW::WIN + LANES;
   static __device__ __forceinline__ int slot_row(int k) { return k + k / LW::C; }

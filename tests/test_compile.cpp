@@ -17,7 +17,8 @@ namespace csa::test {
 namespace {
 
 // The shipped set: every short-window ratio, both coffs, an odd head_dim (scalar kernels), a
-// small even one and the widest-block even ones (vectorised kernels, multi-CTA columns).
+// small even one and the widest-block even ones (vectorised kernels, multi-CTA columns); the
+// long-window family likewise, with head_dims under 8.
 std::vector<Config> shipped_configs() {
   std::vector<Config> out;
   for (int ratio = 1; ratio <= 16; ++ratio)
@@ -33,6 +34,10 @@ std::vector<Config> shipped_configs() {
       for (int d : {65, 128, 512}) out.push_back({ratio, d, coff});
   out.push_back({128, 4096, 1});
   out.push_back({256, 4096, 2});
+  // Column blocks narrower than the backward ring's 16-byte chunks (head_dim below 8).
+  out.push_back({17, 1, 1});
+  out.push_back({128, 3, 2});
+  out.push_back({256, 7, 2});
   return out;
 }
 

@@ -234,25 +234,28 @@ TEST_P(LongWindow, EveryBucketKernelRuns) {
   }
 }
 
+std::string config_name(const ::testing::TestParamInfo<std::tuple<int, int, int>>& info) {
+  return "r" + std::to_string(std::get<0>(info.param)) + "_c" +
+         std::to_string(std::get<1>(info.param)) + "_d" + std::to_string(std::get<2>(info.param));
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, LongWindow,
                          ::testing::Combine(::testing::Values(32, 64, 128, 256),
                                             ::testing::Values(1, 2),
                                             ::testing::Values(65, 128, 512)),
-                         [](const auto& param_info) {
-                           return "r" + std::to_string(std::get<0>(param_info.param)) + "_c" +
-                                  std::to_string(std::get<1>(param_info.param)) + "_d" +
-                                  std::to_string(std::get<2>(param_info.param));
-                         });
+                         config_name);
 
 // ratio * W not a multiple of 4: grad_ape through the scalar reduction kernel (the others
 // take the 16-byte one).
 INSTANTIATE_TEST_SUITE_P(OddApeSize, LongWindow,
                          ::testing::Values(std::make_tuple(17, 1, 65), std::make_tuple(33, 1, 65)),
-                         [](const auto& param_info) {
-                           return "r" + std::to_string(std::get<0>(param_info.param)) + "_c" +
-                                  std::to_string(std::get<1>(param_info.param)) + "_d" +
-                                  std::to_string(std::get<2>(param_info.param));
-                         });
+                         config_name);
+
+// Column blocks narrower than the backward ring's 16-byte chunks (head_dim below 8).
+INSTANTIATE_TEST_SUITE_P(NarrowHeadDim, LongWindow,
+                         ::testing::Values(std::make_tuple(17, 1, 1), std::make_tuple(32, 2, 2),
+                                           std::make_tuple(128, 2, 3), std::make_tuple(256, 1, 7)),
+                         config_name);
 
 // The staged form in the serial order (selectable through a schedule table, not shipped):
 // out, grad_kv and grad_score bitwise equal to the reference.
