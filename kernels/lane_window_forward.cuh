@@ -69,10 +69,84 @@ __device__ __forceinline__ void load_lane_window(
   }
 }
 
-// SERIAL: every lane takes the window max M (exact in any order), e_k = expf(s_k - M) goes to
-// shared memory, and one thread per column sums den, then out = sum_k round(kv_k * p_k),
-// serially in slot order: out is bitwise equal to the fp32-intermediate reference. Otherwise
-// each lane keeps (lane max, sum e, sum kv*e) and the lanes merge in fixed order.
+// The serial forward keeps a column's window in one shared-memory row, padded by 4 floats so
+// that the column rows' 16-byte reads spread over the banks, and sums it in slot order with
+// 16-byte reads issued ahead of the additions (the sum is one chain of dependent adds).
+constexpr int kSerialPad = 4;
+
+template <int WIN>
+__device__ __forceinline__ float serial_sum(const float* row) {
+  float sum = 0.0f;
+  if constexpr (WIN % 4 == 0) {
+    const float4* quads = reinterpret_cast<const float4*>(row);
+#pragma unroll
+    for (int i = 0; i < WIN / 4; ++i) {
+      const float4 q = quads[i];
+      sum = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(sum, q.x), q.y), q.z), q.w);
+    }
+  } else {
+#pragma unroll 16
+    for (int k = 0; k < WIN; ++k) sum = __fadd_rn(sum, row[k]);
+  }
+  return sum;
+}
+
+// This thread's slots [k0, k0 + C) of value v into its column's row (slots past WIN dropped).
+template <int C, int WIN, int VEC>
+__device__ __forceinline__ void store_serial_slots(float* dst, const float (&vals)[C][VEC], int v,
+                                                   int k0) {
+  if constexpr (C % 4 == 0 && WIN % C == 0) {
+    if (k0 >= WIN) return;  // a lane wholly past the window
+#pragma unroll
+    for (int j = 0; j < C; j += 4)
+      *reinterpret_cast<float4*>(dst + j) =
+          make_float4(vals[j][v], vals[j + 1][v], vals[j + 2][v], vals[j + 3][v]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < C; ++j)
+      if (k0 + j < WIN) dst[j] = vals[j][v];
+  }
+}
+
+// The window max of one column from the lane groups' maxima (exact in any order): every load
+// first.
+template <int GROUPS>
+__device__ __forceinline__ float serial_window_max(const float* m, int stride) {
+  float M = neg_inf();
+#pragma unroll
+  for (int q = 0; q < GROUPS; ++q) M = fmaxf(M, m[q * stride]);
+  return M;
+}
+
+// Lanes of one column within a warp (threads TX apart): their maxima meet by shuffles, so the
+// CTA's threads read LANES / LANES_PER_WARP maxima from shared memory, not LANES (at 16
+// columns and 32 lanes those reads were a third of the kernel's shared-memory wavefronts).
+template <int TX, int LANES>
+__host__ __device__ constexpr int serial_lanes_per_warp() {
+  return TX < 32 && 32 % TX == 0 && LANES % (32 / TX) == 0 ? 32 / TX : 1;
+}
+
+// e / den, correctly rounded (bitwise __fdiv_rn) from inv = RN(1 / den), without a reciprocal
+// per element: q1 is a faithful quotient after one correction, and Markstein's theorem makes
+// the second correction RN(e / den) (remainders exact by FMA). Valid while nothing
+// underflows: den in [1, window] (the max's e is 1) and e >= 2^-100; anything else (tiny e,
+// NaN) takes __fdiv_rn. At 128,2,128 the per-element division was half of the serial
+// forward's MUFU work (the other half is expf).
+__device__ __forceinline__ float serial_quotient(float e, float den, float inv) {
+  if (!(e >= 0x1p-100f) || !(den >= 1.0f && den <= 0x1p24f)) return __fdiv_rn(e, den);
+  const float q0 = __fmul_rn(e, inv);
+  const float q1 = __fmaf_rn(__fmaf_rn(-q0, den, e), inv, q0);
+  return __fmaf_rn(__fmaf_rn(-q1, den, e), inv, q1);
+}
+
+// SERIAL: the lanes' maxima give the window max M (exact in any order), every thread forms
+// e_k = expf(s_k - M) for its slots and stores them in its column's shared-memory row, one
+// thread per column sums den in slot order, every thread forms round(kv_k * (e_k / den)) in
+// place, and one thread per column sums those in slot order: out is bitwise equal to the
+// fp32-intermediate reference. The row layout, shuffled maxima and one reciprocal per column
+// took the serial forward (H200, kernel us) at 128,1,128 from 4.35 to 3.48 (1x4096) and 6.62 to
+// 4.54 (1x8192), at 128,2,128 from 8.25 to 6.50 and 11.46 to 8.76. Otherwise each lane keeps
+// (lane max, sum e, sum kv*e) and the lanes merge in fixed order.
 // Launch bounds: a chunked coff-1 CTA of up to 256 threads holding at most 16 window values a
 // thread in vectors of 2 or more asks for 5 CTAs per SM (48 registers, no spill): one more
 // window in flight per SM than the 56 registers it took otherwise (H200, kernel us:
@@ -97,9 +171,9 @@ __global__ void __launch_bounds__(
   static_assert(!(SERIAL && FAST_EXP), "the serial order is the bitwise contract: exact expf");
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int COLS = TX * VEC;
-  constexpr int E_ROWS = SERIAL ? LW::WIN : 1;
   __shared__ float sm_m[LANES][COLS], sm_den[LANES][COLS], sm_acc[LANES][COLS];
-  __shared__ float sm_e[E_ROWS][COLS];
+  // SERIAL: one column's window of e (then of products) per row, padded (kSerialPad).
+  __shared__ __align__(16) float sm_e[SERIAL ? COLS : 1][SERIAL ? LW::WIN + kSerialPad : 1];
   const ForwardTile<(NCV + TX - 1) / TX> tile;
   const int row = tile.row;
   const int cv = tile.slice * TX + threadIdx.x;
@@ -131,49 +205,46 @@ __global__ void __launch_bounds__(
       }
   }
   if constexpr (SERIAL) {
+    constexpr int LPW = serial_lanes_per_warp<TX, LANES>();
+    // e stays in s: each thread forms its own slots' products after den is known.
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       float m = neg_inf();
 #pragma unroll
       for (int j = 0; j < LW::C; ++j) m = fmaxf(m, s[j][v]);
-      sm_m[lane][threadIdx.x * VEC + v] = m;
+      if constexpr (LPW > 1) {
+#pragma unroll
+        for (int offset = TX; offset < 32; offset *= 2)
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+      }
+      if (lane % LPW == 0) sm_m[lane / LPW][threadIdx.x * VEC + v] = m;
     }
     __syncthreads();
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const int c = threadIdx.x * VEC + v;
-      const float M = merged_max<LANES, FAST_EXP>(&sm_m[0][c], COLS);
+      const float M = serial_window_max<LANES / LPW>(&sm_m[0][c], COLS);
 #pragma unroll
-      for (int j = 0; j < LW::C; ++j) {
-        const int k = lane * LW::C + j;
-        if (k < LW::WIN) sm_e[k][c] = expf(__fsub_rn(s[j][v], M));
-      }
+      for (int j = 0; j < LW::C; ++j) s[j][v] = expf(__fsub_rn(s[j][v], M));
+      store_serial_slots<LW::C, LW::WIN>(&sm_e[c][lane * LW::C], s, v, lane * LW::C);
     }
     __syncthreads();
-    if (lane < VEC) {
-      const int c = threadIdx.x * VEC + lane;
-      float den = 0.0f;
-#pragma unroll 8
-      for (int k = 0; k < LW::WIN; ++k) den = __fadd_rn(den, sm_e[k][c]);
-      sm_den[0][c] = den;
-    }
+    if (lane < VEC)
+      sm_den[0][threadIdx.x * VEC + lane] = serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0]);
     __syncthreads();
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const int c = threadIdx.x * VEC + v;
       const float den = sm_den[0][c];
+      const float inv = __frcp_rn(den);
 #pragma unroll
-      for (int j = 0; j < LW::C; ++j) {
-        const int k = lane * LW::C + j;
-        if (k < LW::WIN) sm_e[k][c] = __fmul_rn(x[j][v], __fdiv_rn(sm_e[k][c], den));
-      }
+      for (int j = 0; j < LW::C; ++j)
+        s[j][v] = __fmul_rn(x[j][v], serial_quotient(s[j][v], den, inv));
+      store_serial_slots<LW::C, LW::WIN>(&sm_e[c][lane * LW::C], s, v, lane * LW::C);
     }
     __syncthreads();
     if (lane >= VEC || !active) return;
-    const int c = threadIdx.x * VEC + lane;
-    float out = 0.0f;
-#pragma unroll 8
-    for (int k = 0; k < LW::WIN; ++k) out = __fadd_rn(out, sm_e[k][c]);
+    const float out = serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0]);
     p.out[row * HEAD_DIM + col + lane] = f32_to_bf16(out);
   } else {
     float m[VEC], den[VEC], acc[VEC];

@@ -84,7 +84,8 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   if (direction == Direction::kForward) s.stages = 1;
   if (s.serial) s.fast_exp = false;
   const int win = c.coff * c.ratio;
-  const int window_bytes = s.serial ? win * 4 : 0;  // per column
+  // per column: the serial forward's window of e, padded by 4 floats (kSerialPad)
+  const int window_bytes = s.serial ? (win + 4) * 4 : 0;
   const int per_thread_values = direction == Direction::kForward ? 32 : 16;
   const int smem_per_value = direction == Direction::kForward ? 12 : 24;
   auto tx = [&] { return s.cols / s.vec; };
