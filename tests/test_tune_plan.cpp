@@ -133,19 +133,46 @@ TEST(TunePlan, MergedTablePutsTunedEntriesFirstAndStaysValid) {
   EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
 }
 
-TEST(TunePlan, SmallForwardOutputsKeepTheBitwiseBucket) {
+TEST(TunePlan, SmallForwardOutputsKeepTheBitwiseBuckets) {
   EXPECT_EQ(tools::bitwise_row_limit({128, 512, 1}), 31);   // 31 * 512 < 16384 <= 32 * 512
   EXPECT_EQ(tools::bitwise_row_limit({128, 128, 2}), 127);  // 127 * 128 < 16384
+  std::vector<tools::Candidate> c(3);
+  c[0].name = "fast";
+  c[0].bucket = {{"form", "lanes"}, {"serial", false}, {"cols", 64}};
+  c[1].name = "serial-a";
+  c[1].bucket = {{"form", "lanes"}, {"serial", true}, {"cols", 16}};
+  c[1].bitwise = true;
+  c[2].name = "serial-b";
+  c[2].bucket = {{"form", "lanes"}, {"serial", true}, {"cols", 64}};
+  c[2].bitwise = true;
+  // Serial a wins at 32 rows, b at 64, a again at 512 (past the limit: ignored); -1: failed.
+  const std::vector<tools::Measurement> m = {
+      {32, {1.0, 2.0, 3.0}}, {64, {1.0, 4.0, 3.0}}, {512, {1.0, 2.0, -1.0}}};
+  const auto bitwise = tools::bitwise_buckets(c, m, 127);
+  ASSERT_EQ(bitwise.size(), 2u);
+  EXPECT_EQ(bitwise[0]["cols"], 16);
+  EXPECT_EQ(bitwise[0]["max_rows"], 45);  // floor(sqrt(32 * 64))
+  EXPECT_EQ(bitwise[1]["cols"], 64);
+  EXPECT_EQ(bitwise[1]["max_rows"], 127);
+  // The smallest measured count lies above the limit (head_dim 512: 31 rows): its fastest
+  // bitwise candidate serves the rows up to the limit.
+  const auto above = tools::bitwise_buckets(c, {{32, {1.0, 2.0, 3.0}}, {64, {1.0, 4.0, 3.0}}}, 31);
+  ASSERT_EQ(above.size(), 1u);
+  EXPECT_EQ(above[0]["cols"], 16);
+  EXPECT_EQ(above[0]["max_rows"], 31);
+  // No bitwise candidate passed: nothing.
+  EXPECT_TRUE(tools::bitwise_buckets(c, {{32, {1.0, -1.0, -1.0}}}, 127).empty());
+
   const nlohmann::json fast = {{"form", "lanes"}, {"serial", false}, {"max_rows", 45}};
   const nlohmann::json mid = {{"form", "lanes"}, {"serial", false}, {"max_rows", 128}};
   const nlohmann::json last = {{"form", "lanes"}, {"serial", false}, {"max_rows", nullptr}};
-  const nlohmann::json serial = {{"form", "lanes"}, {"serial", true}};
-  const auto b = tools::with_bitwise_small_rows({fast, mid, last}, serial, 127);
-  ASSERT_EQ(b.size(), 3u);  // the 45-row bucket lies inside the bitwise range
+  const auto b = tools::with_bitwise_small_rows({fast, mid, last}, bitwise, 127);
+  ASSERT_EQ(b.size(), 4u);  // the 45-row bucket lies inside the bitwise range
   EXPECT_EQ(b[0]["serial"], true);
-  EXPECT_EQ(b[0]["max_rows"], 127);
-  EXPECT_EQ(b[1]["max_rows"], 128);
-  EXPECT_TRUE(b[2]["max_rows"].is_null());
+  EXPECT_EQ(b[0]["max_rows"], 45);
+  EXPECT_EQ(b[1]["max_rows"], 127);
+  EXPECT_EQ(b[2]["max_rows"], 128);
+  EXPECT_TRUE(b[3]["max_rows"].is_null());
 }
 
 }  // namespace

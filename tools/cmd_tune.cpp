@@ -246,20 +246,17 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
     }
     nlohmann::json buckets = make_buckets(candidates, measurements, chosen);
     if (dir == Direction::kForward) {
-      // Small outputs: the fastest bitwise candidate at the smallest measured row count.
-      int bitwise = -1;
-      for (std::size_t i = 0; i < candidates.size() && !measurements.empty(); ++i) {
-        const double t = measurements.front().micros[i];
-        if (candidates[i].bitwise && t > 0 &&
-            (bitwise < 0 || t < measurements.front().micros[static_cast<std::size_t>(bitwise)]))
-          bitwise = static_cast<int>(i);
-      }
-      if (bitwise >= 0) {
-        const std::int64_t limit = bitwise_row_limit(c);
-        buckets = with_bitwise_small_rows(
-            buckets, candidates[static_cast<std::size_t>(bitwise)].bucket, limit);
-        fmt::print("forward  rows <= {}: {} (outputs under {} elements stay bitwise)\n", limit,
-                   candidates[static_cast<std::size_t>(bitwise)].name, kBitwiseOutputElements);
+      // Small outputs: the fastest bitwise candidate at each measured row count within them.
+      const std::int64_t limit = bitwise_row_limit(c);
+      const nlohmann::json bitwise = bitwise_buckets(candidates, measurements, limit);
+      if (!bitwise.empty()) {
+        buckets = with_bitwise_small_rows(buckets, bitwise, limit);
+        for (const auto& b : bitwise)
+          fmt::print(
+              "forward  rows <= {}: lanes-serial v{} c{} t{} (outputs under {} elements "
+              "stay bitwise)\n",
+              b["max_rows"].get<std::int64_t>(), b["vec"].get<int>(), b["cols"].get<int>(),
+              b["threads"].get<int>(), kBitwiseOutputElements);
       } else {
         fmt::print("forward: no bitwise candidate passed; small outputs are not kept bitwise\n");
       }

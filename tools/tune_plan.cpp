@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -50,8 +51,16 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
         out.push_back(lanes(narrow, cols, threads, false, true, direction));
     out.push_back(lanes(wide, 128, 512, false, true, direction));
     out.push_back(lanes(narrow, 32, 256, false, false, direction));
-    out.push_back(lanes(narrow, 32, 512, true, false, direction));
-    out.push_back(lanes(narrow, 16, 256, true, false, direction));
+    // Serial (bitwise) candidates for the small outputs that keep the serial order: at 32 and
+    // 64 rows of head_dim 128 a sweep of 32 shapes had its fastest among these (scalar columns
+    // with 512 threads at coff 1 and at 32 rows of coff 2, 64 vector columns at 64 rows).
+    for (const auto& [vec, cols, threads] : std::vector<std::array<int, 3>>{{narrow, 32, 512},
+                                                                            {narrow, 16, 256},
+                                                                            {narrow, 64, 512},
+                                                                            {1, 16, 256},
+                                                                            {1, 16, 512},
+                                                                            {1, 32, 512}})
+      out.push_back(lanes(vec, cols, threads, true, false, direction));
   } else {
     // The shared-memory ring (stages 2) needs head_dim % 8 == 0.
     const int max_stages = config.head_dim % 8 == 0 ? 2 : 1;
@@ -154,13 +163,41 @@ std::int64_t bitwise_row_limit(const Config& config) {
   return (kBitwiseOutputElements - 1) / config.head_dim;
 }
 
-nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets,
-                                       const nlohmann::json& bitwise_bucket,
-                                       std::int64_t max_rows) {
+nlohmann::json bitwise_buckets(const std::vector<Candidate>& candidates,
+                               const std::vector<Measurement>& measurements,
+                               std::int64_t max_rows) {
+  // The fastest bitwise candidate per measured row count up to max_rows (at least the
+  // smallest measured one, which may lie above it).
+  std::vector<Measurement> small;
+  std::vector<int> chosen;
+  for (const auto& m : measurements) {
+    if (!small.empty() && m.rows > max_rows) break;
+    int best = -1;
+    for (std::size_t i = 0; i < m.micros.size() && i < candidates.size(); ++i)
+      if (candidates[i].bitwise && m.micros[i] > 0 &&
+          (best < 0 || m.micros[i] < m.micros[static_cast<std::size_t>(best)]))
+        best = static_cast<int>(i);
+    small.push_back(m);
+    chosen.push_back(best);
+  }
   nlohmann::json out = nlohmann::json::array();
-  nlohmann::json first = bitwise_bucket;
-  first["max_rows"] = max_rows;
-  out.push_back(first);
+  if (std::none_of(chosen.begin(), chosen.end(), [](int c) { return c >= 0; })) return out;
+  out = make_buckets(candidates, small, chosen);
+  // Boundaries between measured counts stay; the last bucket ends at max_rows, and any
+  // boundary past it (a measured count above max_rows) is cut back to it.
+  nlohmann::json capped = nlohmann::json::array();
+  for (auto b : out) {
+    const bool last = b["max_rows"].is_null() || b["max_rows"].get<std::int64_t>() >= max_rows;
+    if (last) b["max_rows"] = max_rows;
+    capped.push_back(b);
+    if (last) break;
+  }
+  return capped;
+}
+
+nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets, const nlohmann::json& bitwise,
+                                       std::int64_t max_rows) {
+  nlohmann::json out = bitwise;
   for (const auto& b : buckets) {
     if (!b["max_rows"].is_null() && b["max_rows"].get<std::int64_t>() <= max_rows) continue;
     out.push_back(b);

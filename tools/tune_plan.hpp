@@ -54,10 +54,16 @@ inline constexpr std::int64_t kBitwiseOutputElements = 16384;
 // The largest row count whose forward output stays under kBitwiseOutputElements.
 std::int64_t bitwise_row_limit(const Config& config);
 
-// `buckets` with a first bucket of `bitwise_bucket` (a candidate's bucket) up to `max_rows`;
-// the buckets it covers entirely are dropped.
-nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets,
-                                       const nlohmann::json& bitwise_bucket, std::int64_t max_rows);
+// Buckets for the rows up to `max_rows` from the fastest bitwise candidate at each measured
+// row count up to it (at least the smallest measured count), the last one ending at
+// `max_rows`; empty when no bitwise candidate passed.
+nlohmann::json bitwise_buckets(const std::vector<Candidate>& candidates,
+                               const std::vector<Measurement>& measurements, std::int64_t max_rows);
+
+// `bitwise` (buckets ending at `max_rows`) followed by the buckets of `buckets` beyond it; the
+// buckets it covers entirely are dropped.
+nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets, const nlohmann::json& bitwise,
+                                       std::int64_t max_rows);
 
 // A table entry for exactly this configuration.
 nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets);
