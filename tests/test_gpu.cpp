@@ -43,6 +43,11 @@ TEST_F(Gpu, PrewarmEveryTestedConfiguration) {
   for (const auto& e : errors) ADD_FAILURE() << e;
 }
 
+std::string config_name(const ::testing::TestParamInfo<std::tuple<int, int, int>>& info) {
+  return "r" + std::to_string(std::get<0>(info.param)) + "_c" +
+         std::to_string(std::get<1>(info.param)) + "_d" + std::to_string(std::get<2>(info.param));
+}
+
 class ShortWindow : public Gpu, public ::testing::WithParamInterface<std::tuple<int, int, int>> {};
 
 TEST_P(ShortWindow, MatchesReferencesOnEveryPack) {
@@ -153,11 +158,14 @@ INSTANTIATE_TEST_SUITE_P(Configs, ShortWindow,
                          ::testing::Combine(::testing::Values(1, 2, 4, 8, 16),
                                             ::testing::Values(1, 2),
                                             ::testing::Values(65, 128, 512)),
-                         [](const auto& param_info) {
-                           return "r" + std::to_string(std::get<0>(param_info.param)) + "_c" +
-                                  std::to_string(std::get<1>(param_info.param)) + "_d" +
-                                  std::to_string(std::get<2>(param_info.param));
-                         });
+                         config_name);
+
+// The envelope's corners between the tested powers of two: odd ratios, head_dim 1 and the
+// largest odd one (scalar columns), a narrow odd one.
+INSTANTIATE_TEST_SUITE_P(Envelope, ShortWindow,
+                         ::testing::Values(std::make_tuple(3, 2, 4095), std::make_tuple(13, 1, 1),
+                                           std::make_tuple(7, 2, 9)),
+                         config_name);
 
 TEST_F(Gpu, NothingToPoolGivesZeroGradients) {
   // Every segment shorter than ratio: no rows; total_comp == 0.

@@ -257,6 +257,15 @@ INSTANTIATE_TEST_SUITE_P(NarrowHeadDim, LongWindow,
                                            std::make_tuple(128, 2, 3), std::make_tuple(256, 1, 7)),
                          config_name);
 
+// The envelope's corners between the tested powers of two: ratios just above the crossover
+// and just below the limit, odd and large head_dims.
+INSTANTIATE_TEST_SUITE_P(Envelope, LongWindow,
+                         ::testing::Values(std::make_tuple(18, 2, 1025),
+                                           std::make_tuple(129, 1, 33),
+                                           std::make_tuple(255, 2, 100),
+                                           std::make_tuple(200, 1, 2049)),
+                         config_name);
+
 // The staged form in the serial order (selectable through a schedule table, not shipped):
 // out, grad_kv and grad_score bitwise equal to the reference.
 TEST_F(Gpu, StagedSerialScheduleIsBitwise) {
