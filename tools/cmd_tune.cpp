@@ -1,8 +1,8 @@
 // `csa tune`: measures candidate long-window schedules of one configuration on this GPU, each
 // checked against the reference kernels before it is timed (with a margin inside the contract),
-// picks one per measured row count (the fastest; the bitwise one when within 10 %; the bitwise
-// one for forward outputs under 16K elements), and writes a schedule table: the table serving this
-// device's arch with the tuned entries put first.
+// picks one per measured row count (the fastest; the bitwise one when within 10 %; for forward
+// outputs under 16K elements the fastest bitwise one at each measured row count there), and
+// writes a schedule table: the table serving this device's arch with the tuned entries put first.
 #include <fmt/format.h>
 
 #include <algorithm>
