@@ -70,6 +70,23 @@ __device__ __forceinline__ void zero_once_per_call(unsigned* state, int epoch,
   __syncthreads();
 }
 
+// One slot's gradients in the reference op order (SPEC §2): pd = round(round(g * kv) * p),
+// grad_score = fma(p, -S, pd), grad_kv = g * p; grad_score is added into the slot's grad_ape
+// partial.
+template <int VEC>
+__device__ __forceinline__ void slot_gradients(const float (&g)[VEC], const float (&kv)[VEC],
+                                               const float (&p)[VEC], const float (&S)[VEC],
+                                               float (&gkv)[VEC], float (&gs)[VEC],
+                                               float (&dape)[VEC]) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    const float pd = __fmul_rn(__fmul_rn(g[v], kv[v]), p[v]);
+    gs[v] = __fmaf_rn(p[v], -S[v], pd);
+    gkv[v] = __fmul_rn(g[v], p[v]);
+    dape[v] = __fadd_rn(dape[v], gs[v]);
+  }
+}
+
 __device__ __forceinline__ float bf16_to_f32(unsigned short h) {
   return __uint_as_float(static_cast<unsigned>(h) << 16);
 }

@@ -88,12 +88,18 @@ __device__ __forceinline__ void lane_exps(float (&s)[C][VEC], float (&m)[VEC], f
 
 // Fixed-order merge of the lanes' (m, den) of one column: the window max and, per lane, the
 // factor exp(m_q - M) that rescales its partial sums.
+// The max of N values `stride` apart (exact in any order), the loop unrolled UNROLL deep.
+template <int N, int UNROLL>
+__device__ __forceinline__ float strided_max(const float* m, int stride) {
+  float M = neg_inf();
+#pragma unroll UNROLL
+  for (int q = 0; q < N; ++q) M = fmaxf(M, m[q * stride]);
+  return M;
+}
+
 template <int LANES, bool FAST_EXP>
 __device__ __forceinline__ float merged_max(const float* m, int stride) {
-  float M = neg_inf();
-#pragma unroll 8
-  for (int q = 0; q < LANES; ++q) M = fmaxf(M, m[q * stride]);
-  return M;
+  return strided_max<LANES, 8>(m, stride);
 }
 
 template <int LANES, bool FAST_EXP>

@@ -432,13 +432,7 @@ __global__ void __launch_bounds__(TX* LANES,
         const int k = lane * LW::C + j;
         if (SLOT_BASE ? !lane_valid : (k >= LW::WIN || !G::valid(k, w.first))) continue;
         float gkv[VEC], gs[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const float pd = __fmul_rn(__fmul_rn(g[v], x[j][v]), s[j][v]);
-          gs[v] = __fmaf_rn(s[j][v], -S_part[v], pd);
-          gkv[v] = __fmul_rn(g[v], s[j][v]);
-          dape[j][v] = __fadd_rn(dape[j][v], gs[v]);
-        }
+        slot_gradients<VEC>(g, x[j], s[j], S_part, gkv, gs, dape[j]);
         if constexpr (SLOT_BASE) {
           store_bf16<VEC>(p.grad_kv + offset0 + j * LW::W, gkv);
           store_bf16<VEC>(p.grad_score + offset0 + j * LW::W, gs);

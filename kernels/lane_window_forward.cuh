@@ -108,16 +108,6 @@ __device__ __forceinline__ void store_serial_slots(float* dst, const float (&val
   }
 }
 
-// The window max of one column from the lane groups' maxima (exact in any order): every load
-// first.
-template <int GROUPS>
-__device__ __forceinline__ float serial_window_max(const float* m, int stride) {
-  float M = neg_inf();
-#pragma unroll
-  for (int q = 0; q < GROUPS; ++q) M = fmaxf(M, m[q * stride]);
-  return M;
-}
-
 // Lanes of one column within a warp (threads TX apart): their maxima meet by shuffles, so the
 // CTA's threads read LANES / LANES_PER_WARP maxima from shared memory, not LANES (at 16
 // columns and 32 lanes those reads were a third of the kernel's shared-memory wavefronts).
@@ -223,7 +213,8 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const int c = threadIdx.x * VEC + v;
-      const float M = serial_window_max<LANES / LPW>(&sm_m[0][c], COLS);
+      // Every load first (full unroll).
+      const float M = strided_max<LANES / LPW, LANES / LPW>(&sm_m[0][c], COLS);
 #pragma unroll
       for (int j = 0; j < LW::C; ++j) s[j][v] = expf(__fsub_rn(s[j][v], M));
       store_serial_slots<LW::C, LW::WIN>(&sm_e[c][lane * LW::C], s, v, lane * LW::C);

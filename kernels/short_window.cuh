@@ -205,13 +205,7 @@ __global__ void __launch_bounds__(TX* TY)
 #pragma unroll
         for (int k = 0; k < NPREV; ++k) {
           float gkv[VEC], gs[VEC];
-#pragma unroll
-          for (int v = 0; v < VEC; ++v) {
-            const float pd = __fmul_rn(__fmul_rn(g[v], prev_kv[k][v]), prev_e[k][v]);
-            gs[v] = __fmaf_rn(prev_e[k][v], -S[v], pd);
-            gkv[v] = __fmul_rn(g[v], prev_e[k][v]);
-            dape_prev[k][v] = __fadd_rn(dape_prev[k][v], gs[v]);
-          }
+          slot_gradients<VEC>(g, prev_kv[k], prev_e[k], S, gkv, gs, dape_prev[k]);
           const long long off = base - (RATIO - k) * W;
           store_bf16<VEC>(p.grad_kv + off, gkv);
           store_bf16<VEC>(p.grad_score + off, gs);
@@ -220,13 +214,7 @@ __global__ void __launch_bounds__(TX* TY)
 #pragma unroll
       for (int k = 0; k < RATIO; ++k) {
         float gkv[VEC], gs[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-          const float pd = __fmul_rn(__fmul_rn(g[v], own_kv[k][v]), own_e[k][v]);
-          gs[v] = __fmaf_rn(own_e[k][v], -S[v], pd);
-          gkv[v] = __fmul_rn(g[v], own_e[k][v]);
-          dape_own[k][v] = __fadd_rn(dape_own[k][v], gs[v]);
-        }
+        slot_gradients<VEC>(g, own_kv[k], own_e[k], S, gkv, gs, dape_own[k]);
         const long long off = base + k * W + OWN;
         store_bf16<VEC>(p.grad_kv + off, gkv);
         store_bf16<VEC>(p.grad_score + off, gs);
