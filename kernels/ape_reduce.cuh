@@ -10,7 +10,7 @@ namespace csa_kernel {
 template <int LANES>
 __global__ void __launch_bounds__(32 * LANES)
     ape_reduce(const __grid_constant__ ApeReduceParams p) {
-  pdl_enter();
+  pdl_enter(p.dependents_first != 0);
   __shared__ float part[LANES][32];
   const int e = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(32 * LANES)
 // groups need no more CTAs than many. Needs elements % 4 == 0 and 16-byte aligned buffers.
 template <int LANES>
 __global__ void __launch_bounds__(256) ape_reduce_quads(const __grid_constant__ ApeReduceParams p) {
-  pdl_enter();
+  pdl_enter(p.dependents_first != 0);
   constexpr int X = 256 / LANES;
   __shared__ float4 part[LANES][X];
   const int quads = p.elements / 4;

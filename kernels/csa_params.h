@@ -55,7 +55,7 @@ struct ApeReduceParams {
   csa_i32 elements;  // ratio * W
   csa_i32 groups;    // row groups written by the backward kernel
   csa_i32 accumulate;
-  csa_i32 unused;
+  csa_i32 dependents_first;  // the grid is one wave: see pdl_enter()
 };
 
 struct OffsetCheckParams {

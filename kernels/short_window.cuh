@@ -142,7 +142,7 @@ __device__ __forceinline__ void zero_grad_ape_once(const BackwardParams& p) {
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
 __global__ void __launch_bounds__(TX* TY)
     short_window_backward(const __grid_constant__ BackwardParams p) {
-  pdl_enter();
+  pdl_enter(/*dependents_first=*/true);  // one wave: see backward_grid()
   constexpr int W = COFF * HEAD_DIM;
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;

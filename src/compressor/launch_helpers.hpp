@@ -2,6 +2,7 @@
 // scratch memory, and filling the kernels' by-value parameter structs.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "csa/csa.hpp"
@@ -70,10 +71,12 @@ struct ApeReduceShape {
 };
 
 // The fixed-order sum of `groups` grad_ape partials of `elements` floats each into
-// a.grad_ape (overwritten, or added into with CSA_ACCUMULATE_GRAD_APE).
+// a.grad_ape (overwritten, or added into with CSA_ACCUMULATE_GRAD_APE). `sm_count`: the
+// device's, to tell a grid of one wave.
 inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const float* workspace,
                               const BackwardArgs& a, std::int64_t elements, int groups,
-                              const ApeReduceShape& cta, bool programmatic, CUstream stream) {
+                              const ApeReduceShape& cta, int sm_count, bool programmatic,
+                              CUstream stream) {
   csa_kernel::ApeReduceParams reduce{};
   reduce.workspace = workspace;
   reduce.grad_ape = a.grad_ape;
@@ -86,6 +89,10 @@ inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const fl
   shape.block_x = static_cast<unsigned>(cta.columns);
   shape.block_y = static_cast<unsigned>(cta.lanes);
   shape.programmatic = programmatic;
+  // One wave, counted at half an SM's threads a CTA may hold (2048 on sm_80..sm_100): the
+  // reduction's CTAs need few registers and little shared memory.
+  const std::int64_t per_sm = std::max(1, 1024 / (cta.columns * cta.lanes));
+  reduce.dependents_first = shape.grid_x <= static_cast<std::int64_t>(sm_count) * per_sm ? 1 : 0;
   launch::launch(d, kernel, shape, reduce, stream, "grad_ape reduction launch");
 }
 

@@ -462,7 +462,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   params.workspace = device_ptr<float>(workspace);
   launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
   launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
-                    {32, s.reduce_lanes, 1}, p.programmatic, stream);
+                    {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream);
 }
 
 void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,

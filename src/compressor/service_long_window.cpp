@@ -167,13 +167,14 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   while (i < kApeReduceQuadLanes.size() && grid.row_groups > 8 * kApeReduceQuadLanes[i]) ++i;
   if (p.long_ape_reduce_quads_slot < 0 || i == kApeReduceQuadLanes.size()) {
     launch_ape_reduce(d, p.kernel(p.long_ape_reduce_slot), params.workspace, a, ape_elems,
-                      grid.row_groups, {32, kApeReduceLanes, 1}, p.programmatic, stream);
+                      grid.row_groups, {32, kApeReduceLanes, 1}, p.device.sm_count, p.programmatic,
+                      stream);
     return;
   }
   const int lanes = kApeReduceQuadLanes[i];
   launch_ape_reduce(d, p.kernel(p.long_ape_reduce_quads_slot + static_cast<int>(i)),
                     params.workspace, a, ape_elems, grid.row_groups, {256 / lanes, lanes, 4},
-                    p.programmatic, stream);
+                    p.device.sm_count, p.programmatic, stream);
 }
 
 }  // namespace csa::compressor
