@@ -195,7 +195,9 @@ INSTANTIATE_TEST_SUITE_P(Graph, Capture,
 
 // The default backward of coff * head_dim >= 512 (short window) and of the long-window buckets
 // the table marks atomic sums grad_ape with atomics: outside capture the kernel zeroes grad_ape
-// itself, per column block, through the stream's state words and a new epoch per call. Calls of
+// itself, per column block, through the stream's state words and a new epoch per call. The
+// short window's narrower configurations (fixed order by default) do so outside capture only
+// (eager_one_launch); captured, they run the fixed order. Calls of
 // several such configurations, interleaved on two streams with deterministic and accumulating calls
 // (another workspace, or none) and with captured replays (memset + kernel): every grad_ape
 // (NaN-poisoned before each call) within 1e-3 of the deterministic one, no call seeing another's
@@ -203,8 +205,8 @@ INSTANTIATE_TEST_SUITE_P(Graph, Capture,
 TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
   // Short-window head_dim 512, and long-window shapes whose small-row buckets add grad_ape
   // atomically in the shipped sm_90 table (others run the fixed order: still a valid check).
-  const std::vector<Config> configs = {{2, 512, 2},  {4, 512, 2},   {16, 512, 1},
-                                       {16, 512, 2}, {128, 128, 1}, {128, 512, 2}};
+  const std::vector<Config> configs = {{2, 512, 2},   {4, 512, 2},   {16, 512, 1}, {16, 512, 2},
+                                       {128, 128, 1}, {128, 512, 2}, {4, 128, 2},  {2, 65, 1}};
   std::vector<Problem> problems;
   std::vector<std::unique_ptr<DeviceProblem>> dps;
   std::vector<Outputs::Host> expected;
@@ -248,22 +250,23 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
     second.synchronize();
     for (std::size_t i = 0; i < configs.size(); ++i) check(i, "round " + std::to_string(round));
   }
-  // Captured: the memset of grad_ape and the kernel (short and long window), replayed twice.
+  // Captured: the memset of grad_ape and the kernel (short and long window), and the fixed
+  // order of a narrow short-window configuration, replayed twice between eager calls.
   const Plan plan(*g_runtime, configs[0], 0);
   const Plan long_plan(*g_runtime, configs[4], 0);
+  const Plan narrow_plan(*g_runtime, configs[6], 0);
   device::Graph graph(*g_runtime, first.get(), [&] {
     plan.backward(outs[0]->backward(*dps[0], 0), first.get());
     long_plan.backward(outs[4]->backward(*dps[4], 0), first.get());
+    narrow_plan.backward(outs[6]->backward(*dps[6], 0), first.get());
   });
   for (int replay = 1; replay <= 2; ++replay) {
-    outs[0]->poison(first.get());
-    outs[4]->poison(first.get());
+    for (std::size_t i : {0, 4, 6}) outs[i]->poison(first.get());
     graph.launch(first.get());
-    g_runtime->backward(outs[1]->backward(*dps[1], 0), first.get());
-    g_runtime->backward(outs[5]->backward(*dps[5], 0), first.get());
+    for (std::size_t i : {1, 5, 7}) g_runtime->backward(outs[i]->backward(*dps[i], 0), first.get());
     first.synchronize();
-    for (std::size_t i : {0, 4}) check(i, "replay " + std::to_string(replay));
-    for (std::size_t i : {1, 5}) check(i, "after replay " + std::to_string(replay));
+    for (std::size_t i : {0, 4, 6}) check(i, "replay " + std::to_string(replay));
+    for (std::size_t i : {1, 5, 7}) check(i, "after replay " + std::to_string(replay));
   }
 }
 

@@ -87,10 +87,13 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
                             c.bucket, c.rows_min,
                             c.rows_max < 0 ? std::string("inf") : std::to_string(c.rows_max));
       }
-      const char* ape = d == Direction::kForward ? ""
-                        : c.grad_ape_atomic
-                            ? "; grad_ape by fp32 atomics, fixed order when deterministic"
-                            : "; grad_ape in a fixed order, bitwise run to run";
+      const char* ape =
+          d == Direction::kForward ? ""
+          : !c.grad_ape_atomic     ? "; grad_ape in a fixed order, bitwise run to run"
+          : c.grad_ape_atomic_outside_capture_only
+              ? "; grad_ape by fp32 atomics in one launch outside graph capture, in a fixed "
+                "order under capture and when deterministic"
+              : "; grad_ape by fp32 atomics, fixed order when deterministic";
       fmt::print("{:<8} {} ratio={} coff={} head_dim={} rows={} on {}: {}\n  {} ({} contract{})\n",
                  name, family_name(c.family), config.ratio, config.coff, config.head_dim, rows, a,
                  where, c.schedule, c.contract, ape);

@@ -77,6 +77,9 @@ struct ScheduleChoice {
   // Backward: grad_ape is summed with fp32 atomics unless the call is deterministic, so it is
   // not bitwise run to run (max |diff| 1e-3 contract, SPEC §2 item 5); false: fixed order.
   bool grad_ape_atomic = false;
+  // With grad_ape_atomic: only outside graph capture (one launch); captured calls take the
+  // fixed order (short-window schedules with fixed=1,eager=1).
+  bool grad_ape_atomic_outside_capture_only = false;
 };
 
 struct ForwardArgs {

@@ -72,7 +72,9 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     const schedule::ShortWindowSchedule s = schedule::select_short_window(config);
     choice.schedule = s.describe();
     choice.contract = "bitwise";
-    choice.grad_ape_atomic = direction == Direction::kBackward && !s.fixed_order_default;
+    choice.grad_ape_atomic =
+        direction == Direction::kBackward && (!s.fixed_order_default || s.eager_one_launch);
+    choice.grad_ape_atomic_outside_capture_only = choice.grad_ape_atomic && s.fixed_order_default;
     return choice;
   }
   const auto set = impl_->service.schedules();

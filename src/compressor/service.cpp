@@ -448,7 +448,12 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   shape.block_x = static_cast<unsigned>(s.backward_tx);
   shape.block_y = static_cast<unsigned>(s.backward_ty);
   shape.programmatic = p.programmatic;
-  const bool fixed_order = (a.flags & kDeterministic) != 0 || s.fixed_order_default;
+  const bool deterministic = (a.flags & kDeterministic) != 0;
+  bool fixed_order = deterministic || s.fixed_order_default;
+  // One launch instead of two outside capture (eager_one_launch): the state words and epochs
+  // of the atomic form need no capture, and a call's host time is its launches.
+  if (fixed_order && !deterministic && s.eager_one_launch && !launch::is_capturing(d, stream))
+    fixed_order = false;
   if (!fixed_order) {
     prepare_atomic_grad_ape(params, a, ape_elems, grid.grid_x, stream);  // column blocks: x
     launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");

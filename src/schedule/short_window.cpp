@@ -8,10 +8,11 @@
 namespace csa::schedule {
 
 std::string ShortWindowSchedule::describe() const {
-  return fmt::format("fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={}",
-                     forward_vec, forward_narrow_threads, forward_wide_vec,
-                     forward_wide_min_elements, forward_threads, backward_vec, backward_tx,
-                     backward_ty, reduce_lanes, fixed_order_default ? 1 : 0);
+  return fmt::format(
+      "fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={},eager={}",
+      forward_vec, forward_narrow_threads, forward_wide_vec, forward_wide_min_elements,
+      forward_threads, backward_vec, backward_tx, backward_ty, reduce_lanes,
+      fixed_order_default ? 1 : 0, eager_one_launch ? 1 : 0);
 }
 
 bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
@@ -60,6 +61,8 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
       s.backward_ty = value;
     else if (key == "fixed")
       s.fixed_order_default = value != 0;
+    else if (key == "eager")
+      s.eager_one_launch = value != 0;
     else if (key == "rl")
       s.reduce_lanes = value;
     else

@@ -27,6 +27,11 @@ struct ShortWindowSchedule {
   int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
   int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column (see the rule)
   bool fixed_order_default = true;  // grad_ape without atomics even when not asked for
+  // Outside graph capture, a default (not deterministic) backward that fixed_order_default
+  // gives two launches (rows, then the reduction) takes the atomic form in one launch instead:
+  // half the host time. Under capture, where launches cost the host nothing per replay, it
+  // keeps the fixed order.
+  bool eager_one_launch = true;
 
   std::string describe() const;
   bool operator==(const ShortWindowSchedule& o) const;
@@ -41,7 +46,7 @@ struct ForwardChoice {
 ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& config,
                              std::int64_t total_comp);
 
-// `override_spec`: "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1,rl=16"
+// `override_spec`: "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1,eager=1,rl=16"
 // fields replace the rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws
 // Error(kInvalidArgument) on a bad field.
 ShortWindowSchedule select_short_window(const Config& config,
