@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "api/runtime_impl.hpp"
+#include "csa_params.h"
 #include "schedule/short_window.hpp"
 #include "schedule/table.hpp"
 
@@ -33,6 +34,9 @@ struct FakeState {
   bool last_programmatic = false;            // the last launch asked for programmatic serialization
   std::vector<std::string> kernel_names;     // lowered names, by handle (0x3000 + 16 * index)
   std::vector<std::string> launched;         // every launch's kernel name, in order
+  // Every grad_ape reduction launch's ApeReduceParams::dependents_first, with its grid.
+  std::vector<int> reduce_dependents_first;
+  std::vector<std::vector<unsigned>> reduce_grids;
 };
 FakeState& state() {
   static FakeState s;
@@ -114,7 +118,7 @@ CUresult CUDAAPI fake_kernel_get_attribute(int* value, CUfunction_attribute attr
 CUresult CUDAAPI fake_kernel_set_attribute(CUfunction_attribute, int, CUkernel, CUdevice) {
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction f, void**, void**) {
+CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction f, void** params, void**) {
   ++state().launches;
   std::lock_guard<std::mutex> lock(state().mutex);
   const auto index = (reinterpret_cast<std::uintptr_t>(f) - 0x3000) / 16;
@@ -122,6 +126,12 @@ CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction f, void**,
                                                                  : "?");
   state().last_grid = {config->gridDimX, config->gridDimY, config->blockDimX, config->blockDimY};
   state().grids.push_back(state().last_grid);
+  // Every kernel takes one by-value parameter struct.
+  if (state().launched.back().find("ape_reduce") != std::string::npos) {
+    const auto* reduce = static_cast<const csa_kernel::ApeReduceParams*>(params[0]);
+    state().reduce_dependents_first.push_back(reduce->dependents_first);
+    state().reduce_grids.push_back(state().last_grid);
+  }
   state().last_programmatic =
       config->numAttrs == 1 &&
       config->attrs[0].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
@@ -258,6 +268,8 @@ class FakeDriver : public ::testing::Test {
     std::lock_guard<std::mutex> lock(state().mutex);
     state().grids.clear();
     state().launched.clear();
+    state().reduce_dependents_first.clear();
+    state().reduce_grids.clear();
   }
 };
 
@@ -389,6 +401,69 @@ TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunchOutsideCapture) {
   EXPECT_NE(l[4].find("lane_window_backward"), std::string::npos) << l[4];
   EXPECT_NE(l[4].find(fixed), std::string::npos) << l[4];
   EXPECT_NE(l[5].find("ape_reduce"), std::string::npos) << l[5];
+}
+
+// coff * head_dim < 512: the fixed order by default, yet one launch outside capture
+// (eager_one_launch): the atomic kernel with the stream's state words. Captured or
+// deterministic calls run the fixed-order kernel and the reduction.
+TEST_F(FakeDriver, NarrowShortWindowBackwardTakesOneLaunchOutsideCaptureOnly) {
+  ASSERT_TRUE(schedule::select_short_window(kShort).fixed_order_default);
+  FakeRuntime rt;
+  rt.service.prewarm(kShort, 0, Family::kAuto);
+  for (int i = 0; i < 2; ++i) rt.service.backward(backward_args(kShort), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 2);
+  EXPECT_EQ(state().memsets, 1) << "the state words are zeroed once, when allocated";
+  BackwardArgs deterministic = backward_args(kShort);
+  deterministic.flags = kDeterministic;
+  rt.service.backward(deterministic, kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 4);
+  state().capturing = true;
+  rt.service.backward(backward_args(kShort), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 6);
+  EXPECT_EQ(state().memsets, 1) << "the captured fixed order needs no memset of grad_ape";
+  // The kernel's last template argument is FIXED_ORDER.
+  const std::string atomic = "ELb0EEEv", fixed = "ELb1EEEv";
+  std::lock_guard<std::mutex> lock(state().mutex);
+  const auto& l = state().launched;
+  ASSERT_EQ(l.size(), 6u);
+  for (std::size_t i : {0, 1}) EXPECT_NE(l[i].find(atomic), std::string::npos) << l[i];
+  for (std::size_t i : {2, 4}) {
+    EXPECT_NE(l[i].find("short_window_backward"), std::string::npos) << l[i];
+    EXPECT_NE(l[i].find(fixed), std::string::npos) << l[i];
+  }
+  for (std::size_t i : {3, 5}) EXPECT_NE(l[i].find("ape_reduce"), std::string::npos) << l[i];
+}
+
+// The grad_ape reduction lets the next kernel in before its programmatic wait only on a grid
+// of one wave (132 SMs here, a CTA counted at half an SM's threads at most).
+TEST_F(FakeDriver, ReductionLetsTheNextKernelInEarlyOnlyOnOneWave) {
+  FakeRuntime rt;
+  struct Case {
+    Config config;
+    std::int64_t rows;
+    int one_wave;  // -1: whatever the grid says
+  };
+  // 4,2,64: 512 elements, 16 CTAs; 16,2,512: 16384 elements in 512 CTAs of 512 threads.
+  for (const Case& k : {Case{kShort, 2048, 1}, Case{{16, 512, 2}, 512, 0},
+                        Case{{128, 512, 2}, 32, -1}, Case{{128, 512, 1}, 1024, -1}}) {
+    BackwardArgs a = backward_args(k.config);
+    a.flags = kDeterministic;
+    a.total_tokens = k.rows * k.config.ratio;
+    a.total_comp = k.rows;
+    rt.service.backward(a, kStream, Family::kAuto);
+    std::lock_guard<std::mutex> lock(state().mutex);
+    ASSERT_FALSE(state().reduce_grids.empty());
+    const auto& grid = state().reduce_grids.back();
+    const unsigned threads = grid[2] * grid[3];
+    const int expected = grid[0] <= 132u * std::max(1u, 1024u / threads) ? 1 : 0;
+    SCOPED_TRACE("ratio " + std::to_string(k.config.ratio) + ", head_dim " +
+                 std::to_string(k.config.head_dim) + ", grid " + std::to_string(grid[0]) + " x " +
+                 std::to_string(threads) + " threads");
+    EXPECT_EQ(state().reduce_dependents_first.back(), expected);
+    if (k.one_wave >= 0) {
+      EXPECT_EQ(expected, k.one_wave);
+    }
+  }
 }
 
 TEST_F(FakeDriver, JitDisabledTurnsAColdKeyIntoAnError) {
