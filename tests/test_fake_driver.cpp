@@ -235,7 +235,7 @@ ForwardArgs forward_args(const Config& c) {
   return a;
 }
 
-BackwardArgs backward_args(const Config& c) {
+BackwardArgs backward_args(const Config& c, std::uint32_t flags = 0) {
   const ForwardArgs f = forward_args(c);
   BackwardArgs a;
   a.kv = f.kv;
@@ -251,6 +251,7 @@ BackwardArgs backward_args(const Config& c) {
   a.num_segments = 1;
   a.total_comp = f.total_comp;
   a.config = c;
+  a.flags = flags;
   return a;
 }
 
@@ -353,15 +354,11 @@ void expect_atomic_backward_in_one_launch(const Config& wide) {
   EXPECT_EQ(state().allocations, 1);
   EXPECT_EQ(state().memsets, 1) << "the state words are zeroed when allocated, not per call";
   // Accumulating: straight into grad_ape, no workspace.
-  BackwardArgs accumulate = backward_args(wide);
-  accumulate.flags = kAccumulateGradApe;
-  rt.service.backward(accumulate, kStream, Family::kAuto);
+  rt.service.backward(backward_args(wide, kAccumulateGradApe), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 4);
   EXPECT_EQ(state().memsets, 1);
   // Deterministic: the kernel and the fixed-order reduction, partials in their own workspace.
-  BackwardArgs deterministic = backward_args(wide);
-  deterministic.flags = kDeterministic;
-  rt.service.backward(deterministic, kStream, Family::kAuto);
+  rt.service.backward(backward_args(wide, kDeterministic), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 6);
   EXPECT_EQ(state().allocations, 2) << "the partials shared the state words";
   // Another stream: its own state words.
@@ -413,9 +410,7 @@ TEST_F(FakeDriver, NarrowShortWindowBackwardTakesOneLaunchOutsideCaptureOnly) {
   for (int i = 0; i < 2; ++i) rt.service.backward(backward_args(kShort), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 2);
   EXPECT_EQ(state().memsets, 1) << "the state words are zeroed once, when allocated";
-  BackwardArgs deterministic = backward_args(kShort);
-  deterministic.flags = kDeterministic;
-  rt.service.backward(deterministic, kStream, Family::kAuto);
+  rt.service.backward(backward_args(kShort, kDeterministic), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 4);
   state().capturing = true;
   rt.service.backward(backward_args(kShort), kStream, Family::kAuto);
@@ -446,8 +441,7 @@ TEST_F(FakeDriver, ReductionLetsTheNextKernelInEarlyOnlyOnOneWave) {
   // 4,2,64: 512 elements, 16 CTAs; 16,2,512: 16384 elements in 512 CTAs of 512 threads.
   for (const Case& k : {Case{kShort, 2048, 1}, Case{{16, 512, 2}, 512, 0},
                         Case{{128, 512, 2}, 32, -1}, Case{{128, 512, 1}, 1024, -1}}) {
-    BackwardArgs a = backward_args(k.config);
-    a.flags = kDeterministic;
+    BackwardArgs a = backward_args(k.config, kDeterministic);
     a.total_tokens = k.rows * k.config.ratio;
     a.total_comp = k.rows;
     rt.service.backward(a, kStream, Family::kAuto);
@@ -499,8 +493,7 @@ TEST_F(FakeDriver, LongWindowReductionFitsTheRowGroups) {
   for (const auto& [c, rows] : std::vector<std::pair<Config, std::int64_t>>{
            {{128, 512, 2}, 8}, {{128, 512, 2}, 32}, {{128, 128, 1}, 1024}}) {
     const std::int64_t elements = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
-    BackwardArgs a = backward_args(c);
-    a.flags = kDeterministic;  // the fixed order, whatever the bucket's default
+    BackwardArgs a = backward_args(c, kDeterministic);  // the fixed order, whatever the default
     a.total_tokens = rows * c.ratio;
     a.total_comp = rows;
     rt.service.backward(a, kStream, Family::kAuto);

@@ -103,10 +103,10 @@ Service::~Service() {
   for (const auto& w : workspaces_) d->api().cuMemFree(w.ptr);
 }
 
-CUdeviceptr Service::stream_workspace(CUstream stream, std::size_t bytes, WorkspaceUse use,
-                                      std::uint32_t* epoch) {
+CUdeviceptr Service::stream_workspace(CUstream stream, bool capturing, std::size_t bytes,
+                                      WorkspaceUse use, std::uint32_t* epoch) {
+  if (capturing) return 0;
   driver::Driver& d = loader_.get();
-  if (launch::is_capturing(d, stream)) return 0;
   unsigned long long stream_id = 0;
   d.check(d.api().cuStreamGetId(stream, &stream_id), "cuStreamGetId");
   // The driver documents a stream's id as unique for the life of the process, so a stream the
@@ -449,19 +449,20 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   shape.block_y = static_cast<unsigned>(s.backward_ty);
   shape.programmatic = p.programmatic;
   const bool deterministic = (a.flags & kDeterministic) != 0;
-  bool fixed_order = deterministic || s.fixed_order_default;
+  const bool capturing = launch::is_capturing(d, stream);
   // One launch instead of two outside capture (eager_one_launch): the state words and epochs
   // of the atomic form need no capture, and a call's host time is its launches.
-  if (fixed_order && !deterministic && s.eager_one_launch && !launch::is_capturing(d, stream))
-    fixed_order = false;
+  const bool fixed_order =
+      deterministic || (s.fixed_order_default && (capturing || !s.eager_one_launch));
   if (!fixed_order) {
-    prepare_atomic_grad_ape(params, a, ape_elems, grid.grid_x, stream);  // column blocks: x
+    // The claim words are per column block (x).
+    prepare_atomic_grad_ape(params, a, ape_elems, grid.grid_x, capturing, stream);
     launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
     return;
   }
   const std::size_t workspace_bytes =
       static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float);
-  CUdeviceptr workspace = stream_workspace(stream, workspace_bytes);
+  CUdeviceptr workspace = stream_workspace(stream, capturing, workspace_bytes);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
@@ -472,12 +473,12 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
 
 void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
                                       std::int64_t ape_elems, std::int64_t column_blocks,
-                                      CUstream stream) {
+                                      bool capturing, CUstream stream) {
   if ((a.flags & kAccumulateGradApe) != 0) return;
   std::uint32_t epoch = 0;
-  const CUdeviceptr state =
-      stream_workspace(stream, static_cast<std::size_t>(column_blocks) * sizeof(std::uint32_t),
-                       WorkspaceUse::kZeroed, &epoch);
+  const CUdeviceptr state = stream_workspace(
+      stream, capturing, static_cast<std::size_t>(column_blocks) * sizeof(std::uint32_t),
+      WorkspaceUse::kZeroed, &epoch);
   if (state != 0) {
     params.workspace = device_ptr<float>(state);
     params.epoch = static_cast<csa_i32>(epoch);

@@ -148,8 +148,9 @@ class Service {
   };
   static constexpr std::uint32_t kMaxEpoch = (1u << 31) - 1;
   // A workspace of at least `bytes` usable in stream order on `stream`, or 0 when the stream
-  // is capturing (the caller then allocates inside the graph). kZeroed also sets `*epoch`.
-  CUdeviceptr stream_workspace(CUstream stream, std::size_t bytes,
+  // is `capturing` (the caller's one query per call; it then allocates inside the graph).
+  // kZeroed also sets `*epoch`.
+  CUdeviceptr stream_workspace(CUstream stream, bool capturing, std::size_t bytes,
                                WorkspaceUse use = WorkspaceUse::kPartials,
                                std::uint32_t* epoch = nullptr);
   std::mutex workspace_mutex_;
@@ -159,7 +160,8 @@ class Service {
   // it zeroes grad_ape itself (zero_once_per_call); under capture, where every replay would
   // repeat one epoch, a memset of grad_ape instead; accumulating, nothing.
   void prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
-                               std::int64_t ape_elems, std::int64_t column_blocks, CUstream stream);
+                               std::int64_t ape_elems, std::int64_t column_blocks, bool capturing,
+                               CUstream stream);
 
   std::once_flag modules_once_;
   std::unique_ptr<cache::ModuleCache> modules_;

@@ -138,6 +138,7 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   const std::int64_t ape_elems = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
   const PreparedBucket& b = bucket_for(p.long_backward, a.total_comp);
   const bool atomic = b.schedule.atomic_ape && (a.flags & kDeterministic) == 0;
+  const bool capturing = launch::is_capturing(d, stream);
   const auto grid =
       schedule::long_window_backward_grid(c, b.schedule, a.total_comp, p.device.sm_count,
                                           atomic ? b.resident_ctas : b.fixed_resident_ctas);
@@ -150,13 +151,13 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
   set_block(shape, b, p.programmatic);
   if (atomic) {  // one launch adding into grad_ape; the claim words are per column slice (y)
-    prepare_atomic_grad_ape(params, a, ape_elems, grid.column_slices, stream);
+    prepare_atomic_grad_ape(params, a, ape_elems, grid.column_slices, capturing, stream);
     launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
     return;
   }
   const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
                                       static_cast<std::size_t>(ape_elems) * sizeof(float);
-  CUdeviceptr workspace = stream_workspace(stream, workspace_bytes);
+  CUdeviceptr workspace = stream_workspace(stream, capturing, workspace_bytes);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
