@@ -39,42 +39,66 @@ __device__ __forceinline__ void pdl_enter(bool dependents_first = false) {
 // Atomic grad_ape, overwriting, in one launch: a column block's grad_ape elements must be
 // zero before any of its CTAs adds into them, and nothing clears memory between calls. The
 // first CTA of the block to get here claims the block and runs zero_block(thread, threads);
-// the block's other CTAs wait until it is done. `state` is the block's word in a per-stream
-// buffer (zero when first allocated) and `epoch` the call's number on that stream (new on every
-// call, > 0): the word holds 2 * epoch once claimed, 2 * epoch + 1 once zeroed. Call it after
-// the CTA's rows, every thread of the CTA: the claimant has then finished its rows, so no CTA
-// waits for one that is not running. Returns with the CTA's later adds ordered after the
-// zeroing.
+// the block's other CTAs wait until it is done. `state` is the block's claim word, zero when
+// first allocated, and `ctas` the number of CTAs of the block (every one of them calls this
+// once). The word holds [generation:32 | zeroed:1 | arrivals:31]: each CTA adds one arrival,
+// the one that finds none claims, and the claimant publishes by adding `zeroed`. The last
+// arrival, once it sees `zeroed`, resets the word to the next generation with no arrivals:
+// the word is ready for the next launch on its own, with nothing from the host, so a CUDA
+// graph can replay the launch as it is. Call it after the CTA's rows, every thread of the CTA:
+// the claimant has then finished its rows, so no CTA waits for one that is not running.
+// Returns with the CTA's later adds ordered after the zeroing.
 // NOTE: acquire / release at gpu scope (not fences), so that a CTA's own pending gradient
 // stores are not drained on the way; the barriers carry the order to the CTA's other threads.
+// The publication is a reduction (no reply): the claimant does not wait for it to land.
+// NOTE: one launch at a time per word: the next launch on a stream touches the word only
+// after its programmatic wait (the previous grid complete and flushed).
 template <class ZeroBlock>
-__device__ __forceinline__ void zero_once_per_call(unsigned* state, int epoch,
+__device__ __forceinline__ void zero_once_per_call(unsigned long long* state, unsigned ctas,
                                                    const ZeroBlock& zero_block) {
-  __shared__ int claimed, ready;
-  const unsigned claim = 2u * static_cast<unsigned>(epoch);
+  constexpr unsigned long long kZeroed = 1ull << 31;
+  constexpr unsigned long long kArrivals = kZeroed - 1;
+  // Added to a word holding `zeroed` and all `ctas` arrivals, it leaves generation + 1.
+  const unsigned long long next_generation = (1ull << 32) - kZeroed - ctas;
+  __shared__ int claimed;
   const int threads = blockDim.x * blockDim.y;
   const int t = threadIdx.y * blockDim.x + threadIdx.x;
   if (t == 0) {
-    unsigned old;
-    asm volatile("atom.acquire.gpu.global.max.u32 %0, [%1], %2;"
-                 : "=r"(old)
-                 : "l"(state), "r"(claim)
+    unsigned long long old;
+    asm volatile("atom.acquire.gpu.global.add.u64 %0, [%1], 1;"
+                 : "=l"(old)
+                 : "l"(state)
                  : "memory");
-    claimed = old < claim;
-    ready = old == claim + 1u;
+    const unsigned long long arrivals = old & kArrivals;
+    claimed = arrivals == 0;
+    if (!claimed) {
+      if ((old & kZeroed) == 0) {
+        const unsigned long long generation = old >> 32;
+        for (;;) {
+          unsigned long long now;
+          asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(state) : "memory");
+          // Zeroed, or already reset by the last arrival (which waits for `zeroed` first).
+          if ((now & kZeroed) != 0 || (now >> 32) != generation) break;
+          __nanosleep(64);
+        }
+      }
+      if (arrivals + 1 == ctas)
+        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(state), "l"(next_generation)
+                     : "memory");
+    }
   }
   __syncthreads();
   if (claimed) {
     zero_block(t, threads);
     __syncthreads();
-    if (t == 0)
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(state), "r"(claim + 1u) : "memory");
-  } else if (t == 0 && !ready) {
-    for (;;) {
-      unsigned now;
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(state) : "memory");
-      if (now == claim + 1u) break;
-      __nanosleep(64);
+    if (t == 0) {
+      asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(state), "l"(kZeroed)
+                   : "memory");
+      // The only CTA of its block: no later arrival resets the word (same thread, same word:
+      // the two reductions land in this order).
+      if (ctas == 1)
+        asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(state), "l"(next_generation)
+                     : "memory");
     }
   }
   __syncthreads();

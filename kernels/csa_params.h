@@ -38,15 +38,15 @@ struct BackwardParams {
   csa_u16* grad_score;
   float* grad_ape;  // atomic mode: the adds go straight into it
   // Fixed-order mode: one (ratio, W) partial per row group. Atomic mode: null (grad_ape zeroed
-  // by the host, or accumulated into), or the stream's claim words, one per column block, with
-  // which the kernel zeroes grad_ape itself first (zero_once_per_call).
+  // by the host, or accumulated into), or claim words (8 bytes, one per column block, zero
+  // when allocated and left so by every launch), with which the kernel zeroes grad_ape itself
+  // first (zero_once_per_call).
   float* workspace;
   csa_i32 total_tokens;
   csa_i32 num_segments;
   csa_i32 total_comp;
   csa_i32 rows_per_cta;
   csa_i32 accumulate;  // reference family: add into grad_ape instead of overwriting
-  csa_i32 epoch;       // atomic mode with claim words: this call's number on its stream (> 0)
 };
 
 struct ApeReduceParams {

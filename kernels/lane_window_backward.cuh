@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(TX* LANES,
     // Atomic mode: this CTA's partials go straight into grad_ape, zeroed first by the column
     // slice's first CTA to get here when the call overwrites it outside capture.
     if (p.workspace != nullptr) {
-      zero_once_per_call(reinterpret_cast<unsigned*>(p.workspace) + blockIdx.y, p.epoch,
+      zero_once_per_call(reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y, gridDim.x,
                          [&](int t, int threads) {
                            for (int e = t; e < LW::WIN * COLS; e += threads) {
                              const int k = e / COLS;

@@ -128,15 +128,16 @@ __device__ __forceinline__ void zero_grad_ape_once(const BackwardParams& p) {
   constexpr int RATIO = SLOTS / COFF;
   constexpr int W = COFF * HEAD_DIM;
   const int col0 = blockIdx.x * ROW_FLOATS;
-  zero_once_per_call(
-      reinterpret_cast<unsigned*>(p.workspace) + blockIdx.x, p.epoch, [&](int t, int threads) {
-        for (int e = t; e < SLOTS * ROW_FLOATS; e += threads) {
-          const int slot = e / ROW_FLOATS;
-          const int c = e - slot * ROW_FLOATS;
-          if (col0 + c < HEAD_DIM)
-            p.grad_ape[(slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c] = 0.0f;
-        }
-      });
+  zero_once_per_call(reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.x, gridDim.y,
+                     [&](int t, int threads) {
+                       for (int e = t; e < SLOTS * ROW_FLOATS; e += threads) {
+                         const int slot = e / ROW_FLOATS;
+                         const int c = e - slot * ROW_FLOATS;
+                         if (col0 + c < HEAD_DIM)
+                           p.grad_ape[(slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c] =
+                               0.0f;
+                       }
+                     });
 }
 
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>

@@ -23,8 +23,13 @@ struct FakeState {
   std::atomic<bool> capturing{false};
   std::atomic<int> library_loads{0};
   std::atomic<int> launches{0};
-  std::atomic<int> allocations{0};
-  std::atomic<int> memsets{0};
+  std::atomic<int> allocations{0};  // on callers' streams
+  std::atomic<int> memsets{0};      // on callers' streams
+  // The runtime's own stream (claim words for captured calls): slabs allocated and zeroed on
+  // it, and whether every stream it created was destroyed.
+  std::atomic<int> slab_allocations{0};
+  std::atomic<int> slab_memsets{0};
+  std::atomic<int> own_streams_open{0};
   std::atomic<int> attribute_queries{0};
   std::atomic<int> context_id_queries{0};
   std::atomic<int> current_device{0};  // device 0: sm_90, 132 SMs; device 1: sm_80, 108 SMs
@@ -155,8 +160,21 @@ CUresult CUDAAPI fake_stream_get_id(CUstream stream, unsigned long long* id) {
   *id = handle;
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_mem_alloc_async(CUdeviceptr* ptr, std::size_t, CUstream) {
-  ++state().allocations;
+auto* const kOwnStream = reinterpret_cast<CUstream>(0x7000);
+CUresult CUDAAPI fake_stream_create(CUstream* stream, unsigned) {
+  ++state().own_streams_open;
+  *stream = kOwnStream;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_stream_destroy(CUstream) {
+  --state().own_streams_open;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_stream_synchronize(CUstream) {
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI fake_mem_alloc_async(CUdeviceptr* ptr, std::size_t, CUstream stream) {
+  ++(stream == kOwnStream ? state().slab_allocations : state().allocations);
   *ptr = 0x40000;
   return CUDA_SUCCESS;
 }
@@ -166,8 +184,8 @@ CUresult CUDAAPI fake_mem_free_async(CUdeviceptr, CUstream) {
 CUresult CUDAAPI fake_mem_free(CUdeviceptr) {
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_memset(CUdeviceptr, unsigned, std::size_t, CUstream) {
-  ++state().memsets;
+CUresult CUDAAPI fake_memset(CUdeviceptr, unsigned, std::size_t, CUstream stream) {
+  ++(stream == kOwnStream ? state().slab_memsets : state().memsets);
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_error_name(CUresult, const char** s) {
@@ -191,6 +209,9 @@ driver::Api fake_api() {
   api.cuLaunchKernelEx = fake_launch;
   api.cuCtxGetId = fake_ctx_get_id;
   api.cuStreamGetId = fake_stream_get_id;
+  api.cuStreamCreate = fake_stream_create;
+  api.cuStreamDestroy = fake_stream_destroy;
+  api.cuStreamSynchronize = fake_stream_synchronize;
   api.cuMemAllocAsync = fake_mem_alloc_async;
   api.cuMemFreeAsync = fake_mem_free_async;
   api.cuMemFree = fake_mem_free;
@@ -263,6 +284,9 @@ class FakeDriver : public ::testing::Test {
     state().launches = 0;
     state().allocations = 0;
     state().memsets = 0;
+    state().slab_allocations = 0;
+    state().slab_memsets = 0;
+    state().own_streams_open = 0;
     state().attribute_queries = 0;
     state().context_id_queries = 0;
     state().current_device = 0;
@@ -330,29 +354,40 @@ TEST_F(FakeDriver, BackwardWorkspaceIsKeptPerStreamAndContext) {
     EXPECT_EQ(state().allocations, 1);
     rt.service.backward(backward_args(c), other, Family::kAuto);
     EXPECT_EQ(state().allocations, 2);
-    EXPECT_EQ(state().context_id_queries, 0) << "an application stream needs no context id";
+    // Only the first atomic call's slab of claim words for captured calls asked for one.
+    EXPECT_EQ(state().context_id_queries, state().slab_allocations.load())
+        << "an application stream needs no context id";
     // The NULL stream exists once per context: one workspace per context.
     for (int i = 0; i < 2; ++i) rt.service.backward(backward_args(c), nullptr, Family::kAuto);
     EXPECT_EQ(state().allocations, 3);
     state().current_device = 1;
     rt.service.backward(backward_args(c), nullptr, Family::kAuto);
     EXPECT_EQ(state().allocations, 4) << "device 1's NULL stream shared device 0's workspace";
-    EXPECT_EQ(state().context_id_queries, 3);
+    EXPECT_EQ(state().context_id_queries, 3 + state().slab_allocations);
   }
 }
 
+// The claim words of one captured call, rounded up: a slab serves this many calls.
+constexpr int kCapturedCallsPerSlab = (64 << 10) / 256;
+
 // coff * head_dim >= 512: the default backward sums grad_ape with atomics.
-// The atomic backward of `wide` (its default): one launch outside capture, a memset of grad_ape
-// and the launch under it, the kernel and the fixed-order reduction when deterministic.
-void expect_atomic_backward_in_one_launch(const Config& wide) {
+// The atomic backward of `wide` (its default): one launch eagerly, the kernel and the
+// fixed-order reduction when deterministic. Captured, with `captured_claim_words` one launch
+// with claim words of the call's own, as long as there are some, else (and when no claim words
+// are left) a memset of grad_ape and the launch.
+void expect_atomic_backward_in_one_launch(const Config& wide, bool captured_claim_words) {
   FakeRuntime rt;
   rt.service.prewarm(wide, 0, Family::kAuto);
-  // Overwriting: the kernel zeroes grad_ape itself, with the stream's state words, allocated
-  // and zeroed once; then one launch a call.
+  // Overwriting: the kernel zeroes grad_ape itself, with the stream's claim words, allocated
+  // and zeroed once; then one launch a call. The first call also sets aside a slab of claim
+  // words for captured calls, zeroed on the runtime's own stream, which it destroys.
   for (int i = 0; i < 3; ++i) rt.service.backward(backward_args(wide), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 3);
   EXPECT_EQ(state().allocations, 1);
-  EXPECT_EQ(state().memsets, 1) << "the state words are zeroed when allocated, not per call";
+  EXPECT_EQ(state().memsets, 1) << "the claim words are zeroed when allocated, not per call";
+  EXPECT_EQ(state().slab_allocations, 1);
+  EXPECT_EQ(state().slab_memsets, 1);
+  EXPECT_EQ(state().own_streams_open, 0);
   // Accumulating: straight into grad_ape, no workspace.
   rt.service.backward(backward_args(wide, kAccumulateGradApe), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 4);
@@ -360,38 +395,57 @@ void expect_atomic_backward_in_one_launch(const Config& wide) {
   // Deterministic: the kernel and the fixed-order reduction, partials in their own workspace.
   rt.service.backward(backward_args(wide, kDeterministic), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 6);
-  EXPECT_EQ(state().allocations, 2) << "the partials shared the state words";
-  // Another stream: its own state words.
+  EXPECT_EQ(state().allocations, 2) << "the partials shared the claim words";
+  // Another stream: its own claim words.
   rt.service.backward(backward_args(wide), reinterpret_cast<CUstream>(0x6000), Family::kAuto);
   EXPECT_EQ(state().launches, 7);
   EXPECT_EQ(state().allocations, 3);
   EXPECT_EQ(state().memsets, 2);
-  // Under capture every replay would repeat one epoch: memset of grad_ape + kernel.
+  // Under capture: one launch with the call's own claim words, as many calls as the slab
+  // serves (or a memset of grad_ape before each); then a memset of grad_ape and the launch.
+  state().capturing = true;
+  for (int i = 0; i < kCapturedCallsPerSlab; ++i)
+    rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 7 + kCapturedCallsPerSlab);
+  const int captured_memsets = captured_claim_words ? 0 : kCapturedCallsPerSlab;
+  EXPECT_EQ(state().memsets, 2 + captured_memsets);
+  rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 8 + kCapturedCallsPerSlab);
+  EXPECT_EQ(state().memsets, 3 + captured_memsets) << "no claim words were left";
+  EXPECT_EQ(state().allocations, 3);
+  EXPECT_EQ(state().slab_allocations, 1) << "a slab was allocated under capture";
+  // The next eager call sets aside another slab (where captured calls took some), and captured
+  // calls take one launch again.
+  state().capturing = false;
+  rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  EXPECT_EQ(state().slab_allocations, captured_claim_words ? 2 : 1);
   state().capturing = true;
   rt.service.backward(backward_args(wide), kStream, Family::kAuto);
-  EXPECT_EQ(state().launches, 8);
-  EXPECT_EQ(state().memsets, 3);
-  EXPECT_EQ(state().allocations, 3);
+  EXPECT_EQ(state().launches, 10 + kCapturedCallsPerSlab);
+  EXPECT_EQ(state().memsets, 3 + captured_memsets + (captured_claim_words ? 0 : 1));
+  EXPECT_EQ(state().own_streams_open, 0);
 }
 
-TEST_F(FakeDriver, ShortWindowAtomicBackwardIsOneLaunchOutsideCapture) {
-  expect_atomic_backward_in_one_launch({2, 512, 2});
+TEST_F(FakeDriver, ShortWindowAtomicBackwardIsOneLaunch) {
+  expect_atomic_backward_in_one_launch({2, 512, 2}, /*captured_claim_words=*/true);
 }
 
 // 64 rows of 128,2,512: a bucket the shipped sm_90 table sums atomically.
-TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunchOutsideCapture) {
+TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunch) {
   const Config c{128, 512, 2};
   ASSERT_TRUE(schedule::ScheduleSet::embedded()
                   .select(c, Direction::kBackward, 64, "sm_90")
                   .schedule.atomic_ape);
-  expect_atomic_backward_in_one_launch(c);
+  // 64 rows: 4 rows a CTA here (32 column slices, 16 row groups): claim words under capture.
+  expect_atomic_backward_in_one_launch(c, /*captured_claim_words=*/true);
   // The atomic kernel (last template argument true) by default, accumulating and under
   // capture; its fixed-order twin and the reduction for the deterministic call.
   const std::string atomic = "ELb1ELb1EEEv", fixed = "ELb1ELb0EEEv";
   std::lock_guard<std::mutex> lock(state().mutex);
   const auto& l = state().launched;
-  ASSERT_EQ(l.size(), 8u);
-  for (std::size_t i : {0, 1, 2, 3, 6, 7}) {
+  ASSERT_EQ(l.size(), 10u + kCapturedCallsPerSlab);
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    if (i == 4 || i == 5) continue;
     EXPECT_NE(l[i].find("lane_window_backward"), std::string::npos) << l[i];
     EXPECT_NE(l[i].find(atomic), std::string::npos) << "launch " << i << ": " << l[i];
   }
@@ -400,33 +454,76 @@ TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunchOutsideCapture) {
   EXPECT_NE(l[5].find("ape_reduce"), std::string::npos) << l[5];
 }
 
-// coff * head_dim < 512: the fixed order by default, yet one launch outside capture
-// (eager_one_launch): the atomic kernel with the stream's state words. Captured or
-// deterministic calls run the fixed-order kernel and the reduction.
-TEST_F(FakeDriver, NarrowShortWindowBackwardTakesOneLaunchOutsideCaptureOnly) {
-  ASSERT_TRUE(schedule::select_short_window(kShort).fixed_order_default);
+// Captured, the long-window atomic backward takes claim words only from
+// kCapturedClaimWordsMinRows rows a CTA on; with fewer, a memset of grad_ape goes first.
+TEST_F(FakeDriver, LongWindowCapturedBackwardTakesClaimWordsFromFourRowsACta) {
+  const Config c{128, 512, 2};
+  FakeRuntime rt;
+  rt.service.prewarm(c, 0, Family::kAuto);
+  rt.service.backward(backward_args(c), kStream, Family::kAuto);  // eager: sets aside a slab
+  ASSERT_EQ(state().slab_allocations, 1);
+  const int memsets = state().memsets;
+  state().capturing = true;
+  for (const std::int64_t rows : {32, 64}) {
+    BackwardArgs a = backward_args(c);
+    a.total_tokens = rows * c.ratio;
+    a.total_comp = rows;
+    ASSERT_TRUE(schedule::ScheduleSet::embedded()
+                    .select(c, Direction::kBackward, rows, "sm_90")
+                    .schedule.atomic_ape);
+    const int before = state().memsets;
+    rt.service.backward(a, kStream, Family::kAuto);
+    // 32 column slices over one wave of 528 CTAs here: 16 row groups.
+    const bool claim_words = (rows + 15) / 16 >= schedule::kCapturedClaimWordsMinRows;
+    EXPECT_EQ(state().memsets - before, claim_words ? 0 : 1) << rows << " rows";
+  }
+  EXPECT_EQ(state().memsets, memsets + 1);
+}
+
+// coff * head_dim < 512: the fixed order by default, yet one launch (one_launch): the atomic
+// kernel with claim words, the stream's or, captured, the call's own where a CTA has at least
+// captured_one_launch_min rows x slots of work. Deterministic calls, captured calls with less
+// work, and calls captured when no claim words are left run the fixed-order kernel and the
+// reduction.
+TEST_F(FakeDriver, NarrowShortWindowBackwardTakesOneLaunchWithClaimWords) {
+  const auto s = schedule::select_short_window(kShort);
+  ASSERT_TRUE(s.fixed_order_default);
   FakeRuntime rt;
   rt.service.prewarm(kShort, 0, Family::kAuto);
+  // 2048 rows: 8 rows a CTA (one wave of 4 CTAs per SM at 64 registers), 64 rows x slots;
+  // 16384 rows: 32 rows a CTA, 256.
+  BackwardArgs many = backward_args(kShort);
+  many.total_tokens = std::int64_t{16384} * kShort.ratio;
+  many.total_comp = 16384;
+  ASSERT_EQ(s.captured_one_launch_min, 128);
   for (int i = 0; i < 2; ++i) rt.service.backward(backward_args(kShort), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 2);
-  EXPECT_EQ(state().memsets, 1) << "the state words are zeroed once, when allocated";
+  EXPECT_EQ(state().memsets, 1) << "the claim words are zeroed once, when allocated";
   rt.service.backward(backward_args(kShort, kDeterministic), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 4);
   state().capturing = true;
   rt.service.backward(backward_args(kShort), kStream, Family::kAuto);
-  EXPECT_EQ(state().launches, 6);
+  EXPECT_EQ(state().launches, 6) << "too little work a CTA for one launch under capture";
+  for (int i = 0; i < kCapturedCallsPerSlab; ++i) rt.service.backward(many, kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 6 + kCapturedCallsPerSlab);
+  rt.service.backward(many, kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 8 + kCapturedCallsPerSlab) << "no claim words were left";
   EXPECT_EQ(state().memsets, 1) << "the captured fixed order needs no memset of grad_ape";
   // The kernel's last template argument is FIXED_ORDER.
   const std::string atomic = "ELb0EEEv", fixed = "ELb1EEEv";
   std::lock_guard<std::mutex> lock(state().mutex);
   const auto& l = state().launched;
-  ASSERT_EQ(l.size(), 6u);
-  for (std::size_t i : {0, 1}) EXPECT_NE(l[i].find(atomic), std::string::npos) << l[i];
-  for (std::size_t i : {2, 4}) {
+  ASSERT_EQ(l.size(), 8u + kCapturedCallsPerSlab);
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    const bool fixed_order = i == 2 || i == 4 || i + 2 == l.size();
+    const bool reduction = i == 3 || i == 5 || i + 1 == l.size();
+    if (reduction) {
+      EXPECT_NE(l[i].find("ape_reduce"), std::string::npos) << l[i];
+      continue;
+    }
     EXPECT_NE(l[i].find("short_window_backward"), std::string::npos) << l[i];
-    EXPECT_NE(l[i].find(fixed), std::string::npos) << l[i];
+    EXPECT_NE(l[i].find(fixed_order ? fixed : atomic), std::string::npos) << i << ": " << l[i];
   }
-  for (std::size_t i : {3, 5}) EXPECT_NE(l[i].find("ape_reduce"), std::string::npos) << l[i];
 }
 
 // The grad_ape reduction lets the next kernel in before its programmatic wait only on a grid

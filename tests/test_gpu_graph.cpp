@@ -193,20 +193,22 @@ INSTANTIATE_TEST_SUITE_P(Graph, Capture,
                                   std::to_string(param_info.param.head_dim);
                          });
 
-// The default backward of coff * head_dim >= 512 (short window) and of the long-window buckets
-// the table marks atomic sums grad_ape with atomics: outside capture the kernel zeroes grad_ape
-// itself, per column block, through the stream's state words and a new epoch per call. The
-// short window's narrower configurations (fixed order by default) do so outside capture only
-// (eager_one_launch); captured, they run the fixed order. Calls of
-// several such configurations, interleaved on two streams with deterministic and accumulating calls
-// (another workspace, or none) and with captured replays (memset + kernel): every grad_ape
-// (NaN-poisoned before each call) within 1e-3 of the deterministic one, no call seeing another's
-// sums; grad_kv / grad_score bitwise the same.
+// The default backward of coff * head_dim >= 512 (short window), of the narrower short-window
+// configurations (fixed order when deterministic, one_launch otherwise) and of the long-window
+// buckets the table marks atomic sums grad_ape with atomics, and the kernel zeroes grad_ape
+// itself, per column block, through claim words that every launch leaves as it found them: the
+// stream's eagerly, the call's own under capture. Calls of several such configurations,
+// interleaved on two streams with deterministic and accumulating calls (another workspace, or
+// none) and with replays of a captured graph on either stream: every grad_ape (NaN-poisoned
+// before each call) within 1e-3 of the deterministic one, no call seeing another's sums;
+// grad_kv / grad_score bitwise the same.
 TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
   // Short-window head_dim 512, and long-window shapes whose small-row buckets add grad_ape
   // atomically in the shipped sm_90 table (others run the fixed order: still a valid check).
-  const std::vector<Config> configs = {{2, 512, 2},   {4, 512, 2},   {16, 512, 1}, {16, 512, 2},
-                                       {128, 128, 1}, {128, 512, 2}, {4, 128, 2},  {2, 65, 1}};
+  // The last one, with 8193 rows, has the work per CTA to take one launch under capture too.
+  const std::vector<Config> configs = {{2, 512, 2},  {4, 512, 2},   {16, 512, 1},
+                                       {16, 512, 2}, {128, 128, 1}, {128, 512, 2},
+                                       {4, 128, 2},  {2, 65, 1},    {4, 128, 2}};
   std::vector<Problem> problems;
   std::vector<std::unique_ptr<DeviceProblem>> dps;
   std::vector<Outputs::Host> expected;
@@ -214,7 +216,10 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
   dps.reserve(configs.size());
   expected.reserve(configs.size());
   for (std::size_t i = 0; i < configs.size(); ++i) {
-    problems.push_back(make_problem(configs[i], {1023, 2048, 509}, kExtraTokens, kExtraRows,
+    const std::vector<std::int32_t> pack = i + 1 == configs.size()
+                                               ? std::vector<std::int32_t>{32775}
+                                               : std::vector<std::int32_t>{1023, 2048, 509};
+    problems.push_back(make_problem(configs[i], pack, kExtraTokens, kExtraRows,
                                     base_seed() + 40 + static_cast<unsigned>(i)));
     dps.push_back(std::make_unique<DeviceProblem>(problems.back()));
     Outputs o(problems.back());
@@ -227,6 +232,7 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
   }
   device::StreamHandle first(*g_runtime), second(*g_runtime);
   std::vector<std::unique_ptr<Outputs>> outs;
+  outs.reserve(problems.size());
   for (const Problem& p : problems) outs.push_back(std::make_unique<Outputs>(p));
   auto check = [&](std::size_t i, const std::string& what) {
     const Outputs::Host h = outs[i]->download();
@@ -250,23 +256,32 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
     second.synchronize();
     for (std::size_t i = 0; i < configs.size(); ++i) check(i, "round " + std::to_string(round));
   }
-  // Captured: the memset of grad_ape and the kernel (short and long window), and the fixed
-  // order of a narrow short-window configuration, replayed twice between eager calls.
+  // Captured: 2,2,512, 128,2,512 (4 rows a CTA on the H200) and the 8193-row 4,2,128 in one
+  // launch each, with claim words of their own; 128,1,128 (1 row a CTA) with a memset of
+  // grad_ape before it; the small 4,2,128 in the fixed order.
+  // Replayed on the stream it was captured on and on the other one, between eager calls of
+  // other configurations.
   const Plan plan(*g_runtime, configs[0], 0);
   const Plan long_plan(*g_runtime, configs[4], 0);
+  const Plan wide_long_plan(*g_runtime, configs[5], 0);
   const Plan narrow_plan(*g_runtime, configs[6], 0);
   device::Graph graph(*g_runtime, first.get(), [&] {
     plan.backward(outs[0]->backward(*dps[0], 0), first.get());
     long_plan.backward(outs[4]->backward(*dps[4], 0), first.get());
+    wide_long_plan.backward(outs[5]->backward(*dps[5], 0), first.get());
     narrow_plan.backward(outs[6]->backward(*dps[6], 0), first.get());
+    narrow_plan.backward(outs[8]->backward(*dps[8], 0), first.get());
   });
-  for (int replay = 1; replay <= 2; ++replay) {
-    for (std::size_t i : {0, 4, 6}) outs[i]->poison(first.get());
-    graph.launch(first.get());
-    for (std::size_t i : {1, 5, 7}) g_runtime->backward(outs[i]->backward(*dps[i], 0), first.get());
+  for (int replay = 1; replay <= 4; ++replay) {
+    const Stream s = replay % 2 == 1 ? first.get() : second.get();
+    for (std::size_t i : {0, 4, 5, 6, 8}) outs[i]->poison(first.get());
     first.synchronize();
-    for (std::size_t i : {0, 4, 6}) check(i, "replay " + std::to_string(replay));
-    for (std::size_t i : {1, 5, 7}) check(i, "after replay " + std::to_string(replay));
+    graph.launch(s);
+    for (std::size_t i : {1, 3, 7}) g_runtime->backward(outs[i]->backward(*dps[i], 0), s);
+    first.synchronize();
+    second.synchronize();
+    for (std::size_t i : {0, 4, 5, 6, 8}) check(i, "replay " + std::to_string(replay));
+    for (std::size_t i : {1, 3, 7}) check(i, "after replay " + std::to_string(replay));
   }
 }
 

@@ -90,10 +90,10 @@ TEST(ShortWindowSchedule, OverrideIsValidated) {
   EXPECT_EQ(s.backward_tx, 32);
   EXPECT_EQ(s.backward_ty, 8);
   EXPECT_TRUE(s.fixed_order_default);
-  EXPECT_TRUE(s.eager_one_launch);  // the rule's choice stays where the override is silent
-  const auto two_launches = schedule::select_short_window({4, 128, 2}, std::string("eager=0"));
-  EXPECT_FALSE(two_launches.eager_one_launch);
-  EXPECT_NE(two_launches.describe().find("eager=0"), std::string::npos);
+  EXPECT_TRUE(s.one_launch);  // the rule's choice stays where the override is silent
+  const auto two_launches = schedule::select_short_window({4, 128, 2}, std::string("one=0"));
+  EXPECT_FALSE(two_launches.one_launch);
+  EXPECT_NE(two_launches.describe().find("one=0"), std::string::npos);
   EXPECT_THROW(schedule::select_short_window({4, 65, 2}, std::string("fv=2")), Error);
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("nope=1")), Error);
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("fv")), Error);

@@ -90,9 +90,10 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
       const char* ape =
           d == Direction::kForward ? ""
           : !c.grad_ape_atomic     ? "; grad_ape in a fixed order, bitwise run to run"
-          : c.grad_ape_atomic_outside_capture_only
-              ? "; grad_ape by fp32 atomics in one launch outside graph capture, in a fixed "
-                "order under capture and when deterministic"
+          : c.grad_ape_atomic_needs_claim_words
+              ? "; grad_ape by fp32 atomics in one launch, in a fixed order when deterministic "
+                "and under graph capture where a CTA has less than cap rows x window slots or "
+                "no claim words are left"
               : "; grad_ape by fp32 atomics, fixed order when deterministic";
       fmt::print("{:<8} {} ratio={} coff={} head_dim={} rows={} on {}: {}\n  {} ({} contract{})\n",
                  name, family_name(c.family), config.ratio, config.coff, config.head_dim, rows, a,

@@ -73,8 +73,8 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     choice.schedule = s.describe();
     choice.contract = "bitwise";
     choice.grad_ape_atomic =
-        direction == Direction::kBackward && (!s.fixed_order_default || s.eager_one_launch);
-    choice.grad_ape_atomic_outside_capture_only = choice.grad_ape_atomic && s.fixed_order_default;
+        direction == Direction::kBackward && (!s.fixed_order_default || s.one_launch);
+    choice.grad_ape_atomic_needs_claim_words = choice.grad_ape_atomic && s.fixed_order_default;
     return choice;
   }
   const auto set = impl_->service.schedules();

@@ -101,10 +101,11 @@ Service::~Service() {
   if (d == nullptr) return;
   // Errors are ignored: at process exit the driver may already be shutting down.
   for (const auto& w : workspaces_) d->api().cuMemFree(w.ptr);
+  for (const auto& slab : capture_slabs_) d->api().cuMemFree(slab.ptr);
 }
 
 CUdeviceptr Service::stream_workspace(CUstream stream, bool capturing, std::size_t bytes,
-                                      WorkspaceUse use, std::uint32_t* epoch) {
+                                      WorkspaceUse use) {
   if (capturing) return 0;
   driver::Driver& d = loader_.get();
   unsigned long long stream_id = 0;
@@ -123,35 +124,22 @@ CUdeviceptr Service::stream_workspace(CUstream stream, bool capturing, std::size
   auto it = std::find_if(workspaces_.begin(), workspaces_.end(), [&](const StreamWorkspace& w) {
     return w.context_id == context_id && w.stream_id == stream_id && w.use == use;
   });
-  if (it != workspaces_.end() && it->bytes >= bytes) {
-    if (use == WorkspaceUse::kZeroed) {
-      // NOTE: state words hold 2 * epoch + 1 (uint32): past 2^31 - 1 calls the words are
-      // zeroed again (stream-ordered) and the epochs start over.
-      if (it->epoch >= kMaxEpoch) {
-        d.check(d.api().cuMemsetD32Async(it->ptr, 0, it->bytes / sizeof(std::uint32_t), stream),
-                "cuMemsetD32Async (grad_ape state words)");
-        it->epoch = 0;
-      }
-      *epoch = ++it->epoch;
-    }
-    return it->ptr;
-  }
+  if (it != workspaces_.end() && it->bytes >= bytes) return it->ptr;
   const std::size_t grown = std::max<std::size_t>(bytes, 1 << 20);
   CUdeviceptr ptr = 0;
   d.check(d.api().cuMemAllocAsync(&ptr, grown, stream), "cuMemAllocAsync (grad_ape workspace)");
-  if (use == WorkspaceUse::kZeroed) {
+  if (use == WorkspaceUse::kClaimWords) {
+    // Zeroed once: every launch leaves the words as it found them (zero_once_per_call).
     d.check(d.api().cuMemsetD32Async(ptr, 0, grown / sizeof(std::uint32_t), stream),
-            "cuMemsetD32Async (grad_ape state words)");
-    *epoch = 1;
+            "cuMemsetD32Async (grad_ape claim words)");
   }
   if (it != workspaces_.end()) {
     // Stream-ordered: freed after every kernel already queued on this stream that uses it.
     d.api().cuMemFreeAsync(it->ptr, stream);
     it->ptr = ptr;
     it->bytes = grown;
-    it->epoch = 1;
   } else {
-    workspaces_.push_back({context_id, stream_id, use, ptr, grown, 1});
+    workspaces_.push_back({context_id, stream_id, use, ptr, grown});
   }
   return ptr;
 }
@@ -450,15 +438,23 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   shape.programmatic = p.programmatic;
   const bool deterministic = (a.flags & kDeterministic) != 0;
   const bool capturing = launch::is_capturing(d, stream);
-  // One launch instead of two outside capture (eager_one_launch): the state words and epochs
-  // of the atomic form need no capture, and a call's host time is its launches.
-  const bool fixed_order =
-      deterministic || (s.fixed_order_default && (capturing || !s.eager_one_launch));
+  // One launch instead of two (one_launch): the atomic form, which zeroes grad_ape itself
+  // through claim words; captured, only with enough work per CTA and claim words left.
+  const int slots = c.ratio * (c.coff == 2 ? 2 : 1);
+  bool fixed_order =
+      deterministic ||
+      (s.fixed_order_default &&
+       (!s.one_launch || (capturing && static_cast<std::int64_t>(grid.rows_per_cta) * slots <
+                                           s.captured_one_launch_min)));
   if (!fixed_order) {
     // The claim words are per column block (x).
-    prepare_atomic_grad_ape(params, a, ape_elems, grid.grid_x, capturing, stream);
-    launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
-    return;
+    const CUdeviceptr words = accumulate ? 0 : claim_words(grid.grid_x, capturing, stream);
+    if (words != 0 || accumulate || !s.fixed_order_default) {
+      prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
+      launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
+      return;
+    }
+    fixed_order = true;
   }
   const std::size_t workspace_bytes =
       static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float);
@@ -471,17 +467,84 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
                     {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream);
 }
 
+CUdeviceptr Service::claim_words(std::int64_t column_blocks, bool capturing, CUstream stream) {
+  const std::size_t bytes = static_cast<std::size_t>(column_blocks) * sizeof(unsigned long long);
+  if (capturing) return take_capture_words(bytes);
+  if (capture_words_low_.load(std::memory_order_relaxed)) refill_capture_words();
+  return stream_workspace(stream, false, bytes, WorkspaceUse::kClaimWords);
+}
+
+namespace {
+
+unsigned long long current_context_id(const driver::Driver& d) {
+  CUcontext ctx = nullptr;
+  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  unsigned long long id = 0;
+  d.check(d.api().cuCtxGetId(ctx, &id), "cuCtxGetId");
+  return id;
+}
+
+}  // namespace
+
+CUdeviceptr Service::take_capture_words(std::size_t bytes) {
+  driver::Driver& d = loader_.get();
+  const unsigned long long context_id = current_context_id(d);
+  const std::size_t need =
+      (bytes + kCaptureWordsAlign - 1) / kCaptureWordsAlign * kCaptureWordsAlign;
+  std::lock_guard<std::mutex> lock(workspace_mutex_);
+  std::size_t left = 0;
+  CUdeviceptr taken = 0;
+  for (auto& slab : capture_slabs_) {
+    if (slab.context_id != context_id) continue;
+    if (taken == 0 && slab.bytes - slab.used >= need) {
+      taken = slab.ptr + slab.used;
+      slab.used += need;
+    }
+    left += slab.bytes - slab.used;
+  }
+  if (left < kCaptureSlabBytes / 4) capture_words_low_.store(true, std::memory_order_relaxed);
+  if (taken == 0) {
+    logger_.debug(
+        "no claim words left for a captured backward ({} bytes): it keeps the form "
+        "without them; an eager backward on this context allocates more",
+        bytes);
+  }
+  return taken;
+}
+
+void Service::refill_capture_words() {
+  driver::Driver& d = loader_.get();
+  const auto& api = d.api();
+  const unsigned long long context_id = current_context_id(d);
+  std::lock_guard<std::mutex> lock(workspace_mutex_);
+  std::size_t left = 0;
+  for (const auto& slab : capture_slabs_)
+    if (slab.context_id == context_id) left += slab.bytes - slab.used;
+  if (left < kCaptureSlabBytes / 4) {
+    // Zeroed on a stream of its own and waited for: the words must be zero for a graph replayed
+    // on any stream, and no caller's stream is held up. Stream-ordered allocation, so that a
+    // capture running in another thread is not disturbed.
+    CUstream own = nullptr;
+    d.check(api.cuStreamCreate(&own, CU_STREAM_NON_BLOCKING), "cuStreamCreate (claim words)");
+    CUdeviceptr ptr = 0;
+    CUresult r = api.cuMemAllocAsync(&ptr, kCaptureSlabBytes, own);
+    if (r == CUDA_SUCCESS) {
+      r = api.cuMemsetD32Async(ptr, 0, kCaptureSlabBytes / sizeof(std::uint32_t), own);
+      if (r == CUDA_SUCCESS) r = api.cuStreamSynchronize(own);
+      if (r != CUDA_SUCCESS) api.cuMemFreeAsync(ptr, own);
+    }
+    api.cuStreamDestroy(own);
+    d.check(r, "allocating and zeroing claim words for captured backwards");
+    capture_slabs_.push_back({context_id, ptr, kCaptureSlabBytes, 0});
+  }
+  capture_words_low_.store(false, std::memory_order_relaxed);
+}
+
 void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
-                                      std::int64_t ape_elems, std::int64_t column_blocks,
-                                      bool capturing, CUstream stream) {
+                                      std::int64_t ape_elems, CUdeviceptr words, CUstream stream) {
   if ((a.flags & kAccumulateGradApe) != 0) return;
-  std::uint32_t epoch = 0;
-  const CUdeviceptr state = stream_workspace(
-      stream, capturing, static_cast<std::size_t>(column_blocks) * sizeof(std::uint32_t),
-      WorkspaceUse::kZeroed, &epoch);
-  if (state != 0) {
-    params.workspace = device_ptr<float>(state);
-    params.epoch = static_cast<csa_i32>(epoch);
+  if (words != 0) {
+    params.workspace = device_ptr<float>(words);
     return;
   }
   driver::Driver& d = driver();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -132,11 +133,11 @@ class Service {
   bool programmatic_launch_ = true;  // CSA_PROGRAMMATIC_LAUNCH=0: plain stream serialization
 
   // Scratch per (context, stream), grown on demand: the fixed-order grad_ape partials, and the
-  // atomic backward's state words (kZeroed: zeroed when allocated; each call gets the next
-  // epoch, which the words are compared against, so they need no clearing between calls).
+  // atomic backward's claim words (kClaimWords: zeroed when allocated; every launch leaves them
+  // so, see zero_once_per_call).
   // NOTE: keyed by the driver's unique context and stream ids, never by handle values, which
   // can be reused after a stream is destroyed while its work is still running.
-  enum class WorkspaceUse { kPartials, kZeroed };
+  enum class WorkspaceUse { kPartials, kClaimWords };
   struct StreamWorkspace {
     // 0 for an application-created stream: its id is unique for the life of the process.
     unsigned long long context_id = 0;
@@ -144,24 +145,45 @@ class Service {
     WorkspaceUse use = WorkspaceUse::kPartials;
     CUdeviceptr ptr = 0;
     std::size_t bytes = 0;
-    std::uint32_t epoch = 0;  // kZeroed: the last call's epoch
   };
-  static constexpr std::uint32_t kMaxEpoch = (1u << 31) - 1;
   // A workspace of at least `bytes` usable in stream order on `stream`, or 0 when the stream
   // is `capturing` (the caller's one query per call; it then allocates inside the graph).
-  // kZeroed also sets `*epoch`.
   CUdeviceptr stream_workspace(CUstream stream, bool capturing, std::size_t bytes,
-                               WorkspaceUse use = WorkspaceUse::kPartials,
-                               std::uint32_t* epoch = nullptr);
-  std::mutex workspace_mutex_;
+                               WorkspaceUse use = WorkspaceUse::kPartials);
+  std::mutex workspace_mutex_;  // guards workspaces_ and capture_slabs_
   std::vector<StreamWorkspace> workspaces_;
-  // Before an atomic-grad_ape backward launch (both families): overwriting outside capture,
-  // hands the kernel the stream's claim words (one per column block) and a new epoch, so that
-  // it zeroes grad_ape itself (zero_once_per_call); under capture, where every replay would
-  // repeat one epoch, a memset of grad_ape instead; accumulating, nothing.
+
+  // Claim words for captured atomic backwards. A graph replays a launch with the words it was
+  // captured with, so every captured call takes words of its own, never handed out again (the
+  // graph may be replayed for as long as the Runtime lives), from slabs zeroed when they were
+  // allocated, one list per context. A slab is allocated outside capture only (by an eager
+  // atomic backward while capture_words_low_): a call captured with none left takes the form
+  // without claim words (the fixed order, or a memset of grad_ape).
+  // NOTE: one graph's words serve one replay at a time: two instantiations of one captured
+  // graph must not run concurrently (CUDA already serializes replays of one instantiation).
+  struct CaptureSlab {
+    unsigned long long context_id = 0;
+    CUdeviceptr ptr = 0;
+    std::size_t bytes = 0;
+    std::size_t used = 0;
+  };
+  static constexpr std::size_t kCaptureSlabBytes = 64 << 10;
+  static constexpr std::size_t kCaptureWordsAlign = 256;
+  std::vector<CaptureSlab> capture_slabs_;
+  std::atomic<bool> capture_words_low_{true};
+  // Under capture: `bytes` of zeroed claim words for this call alone, or 0 when none are left.
+  CUdeviceptr take_capture_words(std::size_t bytes);
+  // Outside capture: a new slab for the current context when its slabs are running low.
+  void refill_capture_words();
+
+  // The claim words of an atomic-grad_ape backward (both families) that overwrites grad_ape:
+  // the stream's outside capture, the call's own under capture; 0 where there are none.
+  CUdeviceptr claim_words(std::int64_t column_blocks, bool capturing, CUstream stream);
+  // Before an atomic-grad_ape backward launch (both families): overwriting, hands the kernel
+  // `words` (claim_words), with which it zeroes grad_ape itself (zero_once_per_call), or where
+  // there are none a memset of grad_ape goes first; accumulating, nothing.
   void prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
-                               std::int64_t ape_elems, std::int64_t column_blocks, bool capturing,
-                               CUstream stream);
+                               std::int64_t ape_elems, CUdeviceptr words, CUstream stream);
 
   std::once_flag modules_once_;
   std::unique_ptr<cache::ModuleCache> modules_;

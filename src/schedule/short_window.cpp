@@ -9,10 +9,10 @@ namespace csa::schedule {
 
 std::string ShortWindowSchedule::describe() const {
   return fmt::format(
-      "fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={},eager={}",
+      "fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={},one={},cap={}",
       forward_vec, forward_narrow_threads, forward_wide_vec, forward_wide_min_elements,
       forward_threads, backward_vec, backward_tx, backward_ty, reduce_lanes,
-      fixed_order_default ? 1 : 0, eager_one_launch ? 1 : 0);
+      fixed_order_default ? 1 : 0, one_launch ? 1 : 0, captured_one_launch_min);
 }
 
 bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
@@ -61,8 +61,10 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
       s.backward_ty = value;
     else if (key == "fixed")
       s.fixed_order_default = value != 0;
-    else if (key == "eager")
-      s.eager_one_launch = value != 0;
+    else if (key == "one")
+      s.one_launch = value != 0;
+    else if (key == "cap")
+      s.captured_one_launch_min = value;
     else if (key == "rl")
       s.reduce_lanes = value;
     else

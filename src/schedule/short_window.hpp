@@ -27,11 +27,14 @@ struct ShortWindowSchedule {
   int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
   int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column (see the rule)
   bool fixed_order_default = true;  // grad_ape without atomics even when not asked for
-  // Outside graph capture, a default (not deterministic) backward that fixed_order_default
-  // gives two launches (rows, then the reduction) takes the atomic form in one launch instead:
-  // half the host time. Under capture, where launches cost the host nothing per replay, it
-  // keeps the fixed order.
-  bool eager_one_launch = true;
+  // A default (not deterministic) backward that fixed_order_default gives two launches (rows,
+  // then the reduction) takes the atomic form in one launch instead, with claim words: half
+  // the host time outside capture. Under capture (no host time per replay) only where a CTA
+  // has at least captured_one_launch_min rows x window slots of work; below that the fixed
+  // order measured faster in a replayed graph (the atomics' contention), as it is for a call
+  // captured when the Runtime has no claim words left for graphs.
+  bool one_launch = true;
+  int captured_one_launch_min = 128;
 
   std::string describe() const;
   bool operator==(const ShortWindowSchedule& o) const;
@@ -46,9 +49,10 @@ struct ForwardChoice {
 ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& config,
                              std::int64_t total_comp);
 
-// `override_spec`: "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1,eager=1,rl=16"
-// fields replace the rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws
-// Error(kInvalidArgument) on a bad field.
+// `override_spec`:
+// "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1,one=1,cap=128,rl=16" fields
+// replace the rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument)
+// on a bad field.
 ShortWindowSchedule select_short_window(const Config& config,
                                         const std::optional<std::string>& override_spec = {});
 
