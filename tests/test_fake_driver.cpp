@@ -454,6 +454,36 @@ TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunch) {
   EXPECT_NE(l[5].find("ape_reduce"), std::string::npos) << l[5];
 }
 
+// Prewarm (and a plan's prepare) on the current context's device sets aside claim words, so
+// that a graph captured before any eager backward launches the atomic backward alone.
+TEST_F(FakeDriver, PrewarmSetsAsideClaimWordsForCapturedCalls) {
+  const Config wide{2, 512, 2};
+  {
+    FakeRuntime rt;
+    state().current_device = 1;
+    rt.service.prewarm(wide, 0, Family::kAuto);
+    EXPECT_EQ(state().slab_allocations, 0) << "device 0 is not the current context's";
+    state().current_device = 0;
+    rt.service.prewarm(wide, 0, Family::kAuto);
+    EXPECT_EQ(state().slab_allocations, 1);
+    EXPECT_EQ(state().slab_memsets, 1);
+    rt.service.prewarm(wide, 0, Family::kAuto);
+    EXPECT_EQ(state().slab_allocations, 1) << "a slab with room was replaced";
+    state().capturing = true;
+    rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+    EXPECT_EQ(state().launches, 1);
+    EXPECT_EQ(state().memsets, 0) << "the captured call had no claim words";
+  }
+  SetUp();
+  FakeRuntime rt;
+  const auto plan = rt.service.record(wide, Family::kAuto, 0);
+  EXPECT_EQ(state().slab_allocations, 1);
+  state().capturing = true;
+  rt.service.backward_with(*plan, backward_args(wide), kStream);
+  EXPECT_EQ(state().launches, 1);
+  EXPECT_EQ(state().memsets, 0);
+}
+
 // Captured, the long-window atomic backward takes claim words only from
 // kCapturedClaimWordsMinRows rows a CTA on; with fewer, a memset of grad_ape goes first.
 TEST_F(FakeDriver, LongWindowCapturedBackwardTakesClaimWordsFromFourRowsACta) {

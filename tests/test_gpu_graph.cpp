@@ -285,6 +285,39 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
   }
 }
 
+// A Runtime that has only prewarmed (no eager call) captures the default backward of a
+// configuration that sums grad_ape atomically, in one launch with the claim words the prewarm
+// set aside: every replay (grad_ape NaN-poisoned before it) within 1e-3 of a deterministic call,
+// grad_kv and grad_score bitwise equal to it.
+TEST_F(Gpu, PrewarmedRuntimeCapturesTheAtomicBackward) {
+  const Config c{4, 512, 2};
+  const Problem p = make_problem(c, {1023, 2048, 509}, kExtraTokens, kExtraRows, base_seed() + 61);
+  SCOPED_TRACE(p.describe() + " (seed " + std::to_string(base_seed()) + ")");
+  DeviceProblem dp(p);
+  device::StreamHandle stream(*g_runtime);
+  Outputs want(p);
+  want.poison(stream.get());
+  g_runtime->backward(want.backward(dp, kDeterministic), stream.get());
+  stream.synchronize();
+  const Outputs::Host expected = want.download();
+  Runtime fresh(RuntimeOptions::from_environment());
+  fresh.prewarm(c, 0);
+  Outputs got(p);
+  device::Graph graph(fresh, stream.get(),
+                      [&] { fresh.backward(got.backward(dp, 0), stream.get()); });
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    got.poison(stream.get());
+    graph.launch(stream.get());
+    stream.synchronize();
+    const Outputs::Host h = got.download();
+    ASSERT_EQ(h.kv, expected.kv);
+    ASSERT_EQ(h.score, expected.score);
+    for (std::size_t e = 0; e < h.ape.size(); ++e)
+      ASSERT_NEAR(h.ape[e], expected.ape[e], 1e-3) << "grad_ape[" << e << "]";
+  }
+}
+
 // A configuration no call has prepared, met under capture: a kCaptureUnsafe error naming it and
 // saying how to prewarm; the capture ends cleanly and a normal call afterwards works.
 TEST_F(Gpu, ColdConfigurationUnderCaptureRaisesInGlobalAndRelaxedModes) {

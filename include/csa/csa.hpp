@@ -77,9 +77,10 @@ struct ScheduleChoice {
   // Backward: grad_ape is summed with fp32 atomics unless the call is deterministic, so it is
   // not bitwise run to run (max |diff| 1e-3 contract, SPEC §2 item 5); false: fixed order.
   bool grad_ape_atomic = false;
-  // With grad_ape_atomic: a call captured into a CUDA graph when the Runtime has no claim
-  // words left for graphs (none are allocated before the first eager atomic backward on the
-  // context) takes the fixed order instead (short-window schedules with fixed=1,one=1).
+  // With grad_ape_atomic: a call captured into a CUDA graph with little work per CTA, or when
+  // the Runtime has no claim words left for graphs (they are set aside by prewarm, a Plan or
+  // the first eager atomic backward on the context), takes the fixed order instead
+  // (short-window schedules with fixed=1,one=1).
   bool grad_ape_atomic_needs_claim_words = false;
 };
 

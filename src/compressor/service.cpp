@@ -293,6 +293,7 @@ std::shared_ptr<const Prepared> Service::record(const Config& config, Family fam
     if (it != records_.end()) return it->second;
   }
   auto prepared = prepare(config, family, device, nullptr);
+  set_aside_capture_words(device);
   std::lock_guard<std::mutex> lock(mutex_);
   return records_.emplace(key, std::move(prepared)).first->second;
 }
@@ -328,6 +329,7 @@ PrewarmReport Service::prewarm(const Config& config, int device, Family family) 
     std::lock_guard<std::mutex> lock(mutex_);
     records_.emplace(key, prepared);
   }
+  set_aside_capture_words(device);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report_of(config, prepared->device.arch, prepared->key, *prepared->module->cubin, compiled,
@@ -538,6 +540,22 @@ void Service::refill_capture_words() {
     capture_slabs_.push_back({context_id, ptr, kCaptureSlabBytes, 0});
   }
   capture_words_low_.store(false, std::memory_order_relaxed);
+}
+
+void Service::set_aside_capture_words(int device) {
+  if (!capture_words_low_.load(std::memory_order_relaxed)) return;
+  driver::Driver& d = loader_.get();
+  CUcontext ctx = nullptr;
+  CUdevice current = 0;
+  if (d.api().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr ||
+      d.api().cuCtxGetDevice(&current) != CUDA_SUCCESS || static_cast<int>(current) != device)
+    return;  // the calls will run in a context not current here: the first eager call does it
+  try {
+    refill_capture_words();
+  } catch (const Error& e) {
+    // Best effort: without them, captured calls take the forms without claim words.
+    logger_.warn("setting aside claim words for captured backwards failed: {}", e.what());
+  }
 }
 
 void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,

@@ -175,6 +175,10 @@ class Service {
   CUdeviceptr take_capture_words(std::size_t bytes);
   // Outside capture: a new slab for the current context when its slabs are running low.
   void refill_capture_words();
+  // After prewarm or a plan's prepare on `device`: refill_capture_words when the current
+  // context is on that device, so that graphs captured before any eager backward get claim
+  // words too; best effort (a failure is logged, never raised).
+  void set_aside_capture_words(int device);
 
   // The claim words of an atomic-grad_ape backward (both families) that overwrites grad_ape:
   // the stream's outside capture, the call's own under capture; 0 where there are none.
