@@ -3,7 +3,6 @@
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "cache/module_cache.hpp"
 #include "common/logger.hpp"
 #include "compressor/kernel_spec.hpp"
+#include "compressor/scratch_pool.hpp"
 #include "driver/loader.hpp"
 #include "schedule/short_window.hpp"
 #include "schedule/table.hpp"
@@ -132,57 +132,7 @@ class Service {
   bool fast_launch_ = true;  // CSA_FAST_LAUNCH=0: no record cache, everything resolved per call
   bool programmatic_launch_ = true;  // CSA_PROGRAMMATIC_LAUNCH=0: plain stream serialization
 
-  // Scratch per (context, stream), grown on demand: the fixed-order grad_ape partials, and the
-  // atomic backward's claim words (kClaimWords: zeroed when allocated; every launch leaves them
-  // so, see zero_once_per_call).
-  // NOTE: keyed by the driver's unique context and stream ids, never by handle values, which
-  // can be reused after a stream is destroyed while its work is still running.
-  enum class WorkspaceUse { kPartials, kClaimWords };
-  struct StreamWorkspace {
-    // 0 for an application-created stream: its id is unique for the life of the process.
-    unsigned long long context_id = 0;
-    unsigned long long stream_id = 0;
-    WorkspaceUse use = WorkspaceUse::kPartials;
-    CUdeviceptr ptr = 0;
-    std::size_t bytes = 0;
-  };
-  // A workspace of at least `bytes` usable in stream order on `stream`, or 0 when the stream
-  // is `capturing` (the caller's one query per call; it then allocates inside the graph).
-  CUdeviceptr stream_workspace(CUstream stream, bool capturing, std::size_t bytes,
-                               WorkspaceUse use = WorkspaceUse::kPartials);
-  std::mutex workspace_mutex_;  // guards workspaces_ and capture_slabs_
-  std::vector<StreamWorkspace> workspaces_;
-
-  // Claim words for captured atomic backwards. A graph replays a launch with the words it was
-  // captured with, so every captured call takes words of its own, never handed out again (the
-  // graph may be replayed for as long as the Runtime lives), from slabs zeroed when they were
-  // allocated, one list per context. A slab is allocated outside capture only (by an eager
-  // atomic backward while capture_words_low_): a call captured with none left takes the form
-  // without claim words (the fixed order, or a memset of grad_ape).
-  // NOTE: one graph's words serve one replay at a time: two instantiations of one captured
-  // graph must not run concurrently (CUDA already serializes replays of one instantiation).
-  struct CaptureSlab {
-    unsigned long long context_id = 0;
-    CUdeviceptr ptr = 0;
-    std::size_t bytes = 0;
-    std::size_t used = 0;
-  };
-  static constexpr std::size_t kCaptureSlabBytes = 64 << 10;
-  static constexpr std::size_t kCaptureWordsAlign = 256;
-  std::vector<CaptureSlab> capture_slabs_;
-  std::atomic<bool> capture_words_low_{true};
-  // Under capture: `bytes` of zeroed claim words for this call alone, or 0 when none are left.
-  CUdeviceptr take_capture_words(std::size_t bytes);
-  // Outside capture: a new slab for the current context when its slabs are running low.
-  void refill_capture_words();
-  // After prewarm or a plan's prepare on `device`: refill_capture_words when the current
-  // context is on that device, so that graphs captured before any eager backward get claim
-  // words too; best effort (a failure is logged, never raised).
-  void set_aside_capture_words(int device);
-
-  // The claim words of an atomic-grad_ape backward (both families) that overwrites grad_ape:
-  // the stream's outside capture, the call's own under capture; 0 where there are none.
-  CUdeviceptr claim_words(std::int64_t column_blocks, bool capturing, CUstream stream);
+  ScratchPool scratch_;  // stream workspaces and claim words
   // Before an atomic-grad_ape backward launch (both families): overwriting, hands the kernel
   // `words` (claim_words), with which it zeroes grad_ape itself (zero_once_per_call), or where
   // there are none a memset of grad_ape goes first; accumulating, nothing.

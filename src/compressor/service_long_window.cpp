@@ -155,14 +155,14 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
     const bool words_pay = !capturing || grid.rows_per_cta >= schedule::kCapturedClaimWordsMinRows;
     const CUdeviceptr words = (a.flags & kAccumulateGradApe) != 0 || !words_pay
                                   ? 0
-                                  : claim_words(grid.column_slices, capturing, stream);
+                                  : scratch_.claim_words(grid.column_slices, capturing, stream);
     prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
     launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
     return;
   }
   const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
                                       static_cast<std::size_t>(ape_elems) * sizeof(float);
-  CUdeviceptr workspace = stream_workspace(stream, capturing, workspace_bytes);
+  CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
