@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.hpp"
+#include "csa/csa.hpp"
 #include "schedule/short_window.hpp"
 
 namespace csa::test {
@@ -97,6 +98,27 @@ TEST(ShortWindowSchedule, OverrideIsValidated) {
   EXPECT_THROW(schedule::select_short_window({4, 65, 2}, std::string("fv=2")), Error);
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("nope=1")), Error);
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("fv")), Error);
+}
+
+// `csa schedule select` reports how a short-window backward sums grad_ape: atomically in one
+// launch by default; the head_dim-128 configurations (fixed order by default) only where the
+// call has claim words, captured calls with enough work per CTA (`cap`).
+TEST(ShortWindowSchedule, SelectionSaysHowGradApeIsSummed) {
+  RuntimeOptions options;
+  options.disk_cache = false;  // nothing is compiled here
+  Runtime rt(options);
+  const ScheduleChoice narrow =
+      rt.select_schedule({4, 128, 2}, Direction::kBackward, 1024, "sm_90");
+  EXPECT_TRUE(narrow.grad_ape_atomic);
+  EXPECT_TRUE(narrow.grad_ape_atomic_needs_claim_words);
+  EXPECT_NE(narrow.schedule.find("one=1,cap=128"), std::string::npos) << narrow.schedule;
+  const ScheduleChoice wide = rt.select_schedule({4, 512, 2}, Direction::kBackward, 1024, "sm_90");
+  EXPECT_TRUE(wide.grad_ape_atomic);
+  EXPECT_FALSE(wide.grad_ape_atomic_needs_claim_words);
+  const ScheduleChoice forward =
+      rt.select_schedule({4, 128, 2}, Direction::kForward, 1024, "sm_90");
+  EXPECT_FALSE(forward.grad_ape_atomic);
+  EXPECT_FALSE(forward.grad_ape_atomic_needs_claim_words);
 }
 
 }  // namespace
