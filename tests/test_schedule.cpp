@@ -406,11 +406,11 @@ TEST(ScheduleTable, TheRingFitsTheHeadDimTheRegistersAndSharedMemory) {
 TEST(ScheduleTable, TheForwardPrefetchesEarlyOnSmallGridsOnly) {
   // 132 SMs, 5 resident CTAs: a wave is 660 CTAs; up to three waves prefetch.
   EXPECT_TRUE(schedule::forward_prefetches_early(1, 132, 5));
-  EXPECT_TRUE(schedule::forward_prefetches_early(3 * 660, 132, 5));
-  EXPECT_FALSE(schedule::forward_prefetches_early(3 * 660 + 1, 132, 5));
+  EXPECT_TRUE(schedule::forward_prefetches_early(std::int64_t{3} * 660, 132, 5));
+  EXPECT_FALSE(schedule::forward_prefetches_early(std::int64_t{3} * 660 + 1, 132, 5));
   // A kernel reported as holding no CTA counts as one a SM.
-  EXPECT_TRUE(schedule::forward_prefetches_early(3 * 132, 132, 0));
-  EXPECT_FALSE(schedule::forward_prefetches_early(3 * 132 + 1, 132, 0));
+  EXPECT_TRUE(schedule::forward_prefetches_early(std::int64_t{3} * 132, 132, 0));
+  EXPECT_FALSE(schedule::forward_prefetches_early(std::int64_t{3} * 132 + 1, 132, 0));
 }
 
 }  // namespace
