@@ -38,12 +38,9 @@ CUdeviceptr ScratchPool::stream_workspace(CUstream stream, bool capturing, std::
   // application created needs nothing else (a recycled handle has a new id). The special
   // handles (the NULL stream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) exist once per context:
   // only they are told apart by the context's id too, which costs two more driver queries.
-  unsigned long long context_id = 0;
-  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) {
-    CUcontext ctx = nullptr;
-    d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
-    d.check(d.api().cuCtxGetId(ctx, &context_id), "cuCtxGetId");
-  }
+  const bool per_context =
+      stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD;
+  const unsigned long long context_id = per_context ? current_context_id(d) : 0;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = std::find_if(workspaces_.begin(), workspaces_.end(), [&](const StreamWorkspace& w) {
     return w.context_id == context_id && w.stream_id == stream_id && w.use == use;

@@ -396,7 +396,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   const bool capturing = launch::is_capturing(d, stream);
   // One launch instead of two (one_launch): the atomic form, which zeroes grad_ape itself
   // through claim words; captured, only with enough work per CTA and claim words left.
-  const int slots = c.ratio * (c.coff == 2 ? 2 : 1);
+  const int slots = c.ratio * c.coff;  // window slots
   bool fixed_order =
       deterministic ||
       (s.fixed_order_default &&
