@@ -36,6 +36,21 @@ __device__ __forceinline__ void pdl_enter(bool dependents_first = false) {
 #endif
 }
 
+// Adds four consecutive floats into global memory: one 16-byte reduction on sm_90 and newer
+// (`red.global.add.v4.f32`), four scalar atomics before. `dst` must be 16-byte aligned.
+__device__ __forceinline__ void atomic_add_quad(float* dst, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
+               : "memory");
+#else
+  atomicAdd(dst, v.x);
+  atomicAdd(dst + 1, v.y);
+  atomicAdd(dst + 2, v.z);
+  atomicAdd(dst + 3, v.w);
+#endif
+}
+
 // Atomic grad_ape, overwriting, in one launch: a column block's grad_ape elements must be
 // zero before any of its CTAs adds into them, and nothing clears memory between calls. The
 // first CTA of the block to get here claims the block and runs zero_block(thread, threads);
