@@ -212,36 +212,50 @@ TEST_F(Gpu, MisalignedDevicePointersAreRejectedAndOutputsUntouched) {
 // Offsets are device data: whatever they hold, kernels stay in bounds (run this under
 // compute-sanitizer memcheck), and check_offsets names the first bad entry.
 TEST_F(Gpu, AdversarialOffsetsStayInBounds) {
-  const std::vector<std::vector<std::int32_t>> bad_cu = {
-      {0, 900, 100, 2000},      // non-monotonic
-      {0, 512, 4096, 1 << 30},  // beyond total_tokens
-      {-77, 16, 300, 1000},     // negative start
-      {0, 1000, 1000, 1000}};
-  const std::vector<std::vector<std::int32_t>> bad_cuc = {
-      {0, 300, 10, 500},           // inconsistent, non-monotonic
-      {0, 128, 1 << 28, 1 << 29},  // beyond total_comp
-      {5, 4, 90, -3},              // garbage
-      {0, 250, 250, 250}};         // consistent with cu
-  for (int coff : {1, 2})
-    for (int ratio : {1, 4, 16, 32, 128}) {  // both families
-      Problem p = make_problem({ratio, 64, coff}, {400, 300, 300}, 24, 40, base_seed() + ratio);
-      for (std::size_t k = 0; k < bad_cu.size(); ++k) {
-        p.cu = bad_cu[k];
-        p.cuc = bad_cuc[k];
-        SCOPED_TRACE("offset set " + std::to_string(k) + " " + p.describe());
-        DeviceProblem dev(p);
-        EXPECT_NO_THROW(dev.forward(Family::kAuto));
-        EXPECT_NO_THROW(dev.backward(Family::kAuto, 0, 0xff, nan_ape(p)));
-        EXPECT_NO_THROW(dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p)));
-        const OffsetReport r = g_runtime->check_offsets(
-            dev.device.cu.as<std::int32_t>(), dev.device.cuc.as<std::int32_t>(), p.segments(),
-            p.total_tokens, p.total_comp, ratio, nullptr);
-        EXPECT_FALSE(r.ok && k < 3) << "offset set " << k << " passed the device check";
-        if (!r.ok) {
-          EXPECT_FALSE(r.message.empty());
+  using Offsets = std::vector<std::vector<std::int32_t>>;
+  // The first three sets of each list break the contract and must fail check_offsets.
+  const auto run = [](const std::vector<std::int32_t>& seqlens, const Offsets& bad_cu,
+                      const Offsets& bad_cuc) {
+    for (int coff : {1, 2})
+      for (int ratio : {1, 4, 16, 32, 128}) {  // both families
+        Problem p = make_problem({ratio, 64, coff}, seqlens, 24, 40, base_seed() + ratio);
+        for (std::size_t k = 0; k < bad_cu.size(); ++k) {
+          p.cu = bad_cu[k];
+          p.cuc = bad_cuc[k];
+          SCOPED_TRACE("offset set " + std::to_string(k) + " " + p.describe());
+          DeviceProblem dev(p);
+          EXPECT_NO_THROW(dev.forward(Family::kAuto));
+          EXPECT_NO_THROW(dev.backward(Family::kAuto, 0, 0xff, nan_ape(p)));
+          EXPECT_NO_THROW(dev.backward(Family::kAuto, kDeterministic, 0xff, nan_ape(p)));
+          const OffsetReport r = g_runtime->check_offsets(
+              dev.device.cu.as<std::int32_t>(), dev.device.cuc.as<std::int32_t>(), p.segments(),
+              p.total_tokens, p.total_comp, ratio, nullptr);
+          EXPECT_FALSE(r.ok && k < 3) << "offset set " << k << " passed the device check";
+          if (!r.ok) {
+            EXPECT_FALSE(r.message.empty());
+          }
         }
       }
-    }
+  };
+  run({400, 300, 300},
+      {{0, 900, 100, 2000},      // non-monotonic
+       {0, 512, 4096, 1 << 30},  // beyond total_tokens
+       {-77, 16, 300, 1000},     // negative start
+       {0, 1000, 1000, 1000}},
+      {{0, 300, 10, 500},           // inconsistent, non-monotonic
+       {0, 128, 1 << 28, 1 << 29},  // beyond total_comp
+       {5, 4, 90, -3},              // garbage
+       {0, 250, 250, 250}});        // consistent with cu
+  // One segment: the short-window backward then loads the window before the offsets arrive.
+  run({1000},
+      {{-77, 1000},   // negative start
+       {0, 1 << 30},  // beyond total_tokens
+       {500, 100},    // decreasing
+       {0, 1000}},
+      {{5, 90},       // garbage
+       {0, 1 << 28},  // beyond total_comp
+       {300, -3},     // garbage
+       {0, 250}});    // consistent with cu
 }
 
 TEST_F(Gpu, CheckOffsetsAcceptsValidOffsets) {
