@@ -78,6 +78,7 @@ __device__ __forceinline__ void zero_once_per_call(unsigned long long* state, un
   __shared__ int claimed;
   const int threads = blockDim.x * blockDim.y;
   const int t = threadIdx.y * blockDim.x + threadIdx.x;
+  bool last = false;  // thread 0: the launch's last arrival, which resets the word
   if (t == 0) {
     unsigned long long old;
     asm volatile("atom.acquire.gpu.global.add.u64 %0, [%1], 1;"
@@ -86,6 +87,7 @@ __device__ __forceinline__ void zero_once_per_call(unsigned long long* state, un
                  : "memory");
     const unsigned long long arrivals = old & kArrivals;
     claimed = arrivals == 0;
+    last = arrivals + 1 == ctas;
     if (!claimed) {
       if ((old & kZeroed) == 0) {
         const unsigned long long generation = old >> 32;
@@ -97,7 +99,7 @@ __device__ __forceinline__ void zero_once_per_call(unsigned long long* state, un
           __nanosleep(64);
         }
       }
-      if (arrivals + 1 == ctas)
+      if (last)
         asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(state), "l"(next_generation)
                      : "memory");
     }
@@ -109,9 +111,9 @@ __device__ __forceinline__ void zero_once_per_call(unsigned long long* state, un
     if (t == 0) {
       asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(state), "l"(kZeroed)
                    : "memory");
-      // The only CTA of its block: no later arrival resets the word (same thread, same word:
-      // the two reductions land in this order).
-      if (ctas == 1)
+      // The claimant is also the last arrival only as the block's one CTA; it resets after
+      // its publication (same thread, same word: the two reductions land in this order).
+      if (last)
         asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(state), "l"(next_generation)
                      : "memory");
     }
