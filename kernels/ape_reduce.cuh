@@ -45,11 +45,7 @@ __global__ void __launch_bounds__(256) ape_reduce_quads(const __grid_constant__ 
     const float4* src = reinterpret_cast<const float4*>(p.workspace) + q;
 #pragma unroll 8
     for (int g = threadIdx.y; g < p.groups; g += LANES) {
-      const float4 v = __ldg(src + static_cast<long long>(g) * quads);
-      s.x = __fadd_rn(s.x, v.x);
-      s.y = __fadd_rn(s.y, v.y);
-      s.z = __fadd_rn(s.z, v.z);
-      s.w = __fadd_rn(s.w, v.w);
+      add_rn_into(s, __ldg(src + static_cast<long long>(g) * quads));
     }
   }
   if constexpr (LANES > 1) {
@@ -57,22 +53,14 @@ __global__ void __launch_bounds__(256) ape_reduce_quads(const __grid_constant__ 
     __syncthreads();
     if (threadIdx.y != 0) return;
 #pragma unroll
-    for (int y = 1; y < LANES; ++y) {
-      const float4 v = part[y][threadIdx.x];
-      s.x = __fadd_rn(s.x, v.x);
-      s.y = __fadd_rn(s.y, v.y);
-      s.z = __fadd_rn(s.z, v.z);
-      s.w = __fadd_rn(s.w, v.w);
-    }
+    for (int y = 1; y < LANES; ++y) add_rn_into(s, part[y][threadIdx.x]);
   }
   if (q >= quads) return;
   float4* dst = reinterpret_cast<float4*>(p.grad_ape) + q;
   if (p.accumulate) {
-    const float4 a = *dst;
-    s.x = __fadd_rn(a.x, s.x);
-    s.y = __fadd_rn(a.y, s.y);
-    s.z = __fadd_rn(a.z, s.z);
-    s.w = __fadd_rn(a.w, s.w);
+    float4 a = *dst;  // grad_ape + sum, in that order
+    add_rn_into(a, s);
+    s = a;
   }
   *dst = s;
 }

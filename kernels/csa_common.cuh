@@ -36,6 +36,14 @@ __device__ __forceinline__ void pdl_enter(bool dependents_first = false) {
 #endif
 }
 
+// acc += b per lane, each sum rounded to nearest (no contraction).
+__device__ __forceinline__ void add_rn_into(float4& acc, const float4& b) {
+  acc.x = __fadd_rn(acc.x, b.x);
+  acc.y = __fadd_rn(acc.y, b.y);
+  acc.z = __fadd_rn(acc.z, b.z);
+  acc.w = __fadd_rn(acc.w, b.w);
+}
+
 // Adds four consecutive floats into global memory: one 16-byte reduction on sm_90 and newer
 // (`red.global.add.v4.f32`), four scalar atomics before. `dst` must be 16-byte aligned.
 __device__ __forceinline__ void atomic_add_quad(float* dst, float4 v) {

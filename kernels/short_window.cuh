@@ -120,13 +120,20 @@ __device__ __forceinline__ void accumulate_dot(const float (&g)[VEC], const floa
       S[v] = __fadd_rn(S[v], __fmul_rn(__fmul_rn(g[v], kv[k][v]), pr[k][v]));
 }
 
+// grad_ape's (and a fixed-order partial's) element of window slot `slot` and column
+// `col0 + c` (a column block's first column, the column within it): slots [0, RATIO) of
+// coff 2 are the previous half (columns [0, d)), the rest the own half.
+template <int RATIO, int COFF, int HEAD_DIM>
+__device__ __forceinline__ int window_slot_index(int slot, int col0, int c) {
+  return (slot % RATIO) * (COFF * HEAD_DIM) + (slot / RATIO) * HEAD_DIM + col0 + c;
+}
+
 // Atomic mode, overwriting, one launch: the first CTA of each column block to finish its rows
 // zeroes the block's grad_ape elements before any of the block's adds (zero_once_per_call).
 // Columns [blockIdx.x * ROW_FLOATS, + ROW_FLOATS) of each of the SLOTS window slots.
 template <int COFF, int HEAD_DIM, int SLOTS, int ROW_FLOATS>
 __device__ __forceinline__ void zero_grad_ape_once(const BackwardParams& p) {
   constexpr int RATIO = SLOTS / COFF;
-  constexpr int W = COFF * HEAD_DIM;
   const int col0 = blockIdx.x * ROW_FLOATS;
   zero_once_per_call(reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.x, gridDim.y,
                      [&](int t, int threads) {
@@ -134,7 +141,7 @@ __device__ __forceinline__ void zero_grad_ape_once(const BackwardParams& p) {
                          const int slot = e / ROW_FLOATS;
                          const int c = e - slot * ROW_FLOATS;
                          if (col0 + c < HEAD_DIM)
-                           p.grad_ape[(slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c] =
+                           p.grad_ape[window_slot_index<RATIO, COFF, HEAD_DIM>(slot, col0, c)] =
                                0.0f;
                        }
                      });
@@ -286,14 +293,9 @@ __global__ void __launch_bounds__(TX* TY)
         if (col0 + c >= HEAD_DIM) continue;
         float4 sum = *reinterpret_cast<const float4*>(&fold[0][slot][c]);
 #pragma unroll
-        for (int y = 1; y < TY; ++y) {
-          const float4 f = *reinterpret_cast<const float4*>(&fold[y][slot][c]);
-          sum.x = __fadd_rn(sum.x, f.x);
-          sum.y = __fadd_rn(sum.y, f.y);
-          sum.z = __fadd_rn(sum.z, f.z);
-          sum.w = __fadd_rn(sum.w, f.w);
-        }
-        atomic_add_quad(dst + (slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c, sum);
+        for (int y = 1; y < TY; ++y)
+          add_rn_into(sum, *reinterpret_cast<const float4*>(&fold[y][slot][c]));
+        atomic_add_quad(dst + window_slot_index<RATIO, COFF, HEAD_DIM>(slot, col0, c), sum);
       }
     } else {
       for (int e = ty * TX + tx; e < SLOTS * ROW_FLOATS; e += TX * TY) {
@@ -303,8 +305,7 @@ __global__ void __launch_bounds__(TX* TY)
         float sum = fold[0][slot][c];
 #pragma unroll
         for (int y = 1; y < TY; ++y) sum = __fadd_rn(sum, fold[y][slot][c]);
-        // Slots [0, RATIO) of coff 2 are the previous half (columns [0, d)), the rest the own half.
-        const int idx = (slot % RATIO) * W + (slot / RATIO) * HEAD_DIM + col0 + c;
+        const int idx = window_slot_index<RATIO, COFF, HEAD_DIM>(slot, col0, c);
         if (FIXED_ORDER) {
           dst[idx] = sum;
         } else {
