@@ -255,6 +255,29 @@ struct ColumnLanes {
   }
 };
 
+// The claimant's zeroing of its column slice's grad_ape elements (every window slot, columns
+// [col0, col0 + COLS)): 16-byte stores where whole quads fit (grad_ape is 16-byte aligned).
+template <int RATIO, int COFF, int HEAD_DIM, int COLS>
+__device__ __forceinline__ void zero_grad_ape_slice(const BackwardParams& p, int col0, int t,
+                                                    int threads) {
+  using G = LongWindow<RATIO, COFF, HEAD_DIM, COLS, COLS>;
+  if constexpr (COLS % 4 == 0 && HEAD_DIM % 4 == 0) {
+    for (int q = t; q < G::WIN * COLS / 4; q += threads) {
+      const int k = q * 4 / COLS;
+      const int c = col0 + q * 4 - k * COLS;
+      if (c < HEAD_DIM)
+        *reinterpret_cast<float4*>(p.grad_ape + G::ape_index(k, c)) =
+            make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  } else {
+    for (int e = t; e < G::WIN * COLS; e += threads) {
+      const int k = e / COLS;
+      const int c = col0 + e - k * COLS;
+      if (c < HEAD_DIM) p.grad_ape[G::ape_index(k, c)] = 0.0f;
+    }
+  }
+}
+
 // STAGES = 1: each row's window is loaded straight into registers (one round trip per row);
 // STAGES >= 2: through LaneRing, STAGES - 1 rows ahead.
 // Launch bounds: 256 threads, 2 CTAs per SM (128 registers); with the ring (no window loads
@@ -286,6 +309,12 @@ __global__ void __launch_bounds__(TX* LANES,
   const int col = cv * VEC;
   const int col0 = blockIdx.y * COLS;
   const long long row_begin = static_cast<long long>(blockIdx.x) * p.rows_per_cta;
+  // Atomic mode with claim words: the arrival now; the claimant zeroes the column slice's
+  // grad_ape once the first rows' loads are on their way (claim_zero_if_first below).
+  const bool claims = ATOMIC_APE && p.workspace != nullptr;
+  unsigned long long* const claim_word =
+      claims ? reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y : nullptr;
+  const unsigned long long claim = claims ? claim_arrive(claim_word) : 0ull;
   // The first rows' windows (those the ring fetches before its loop, else the first) at the
   // guessed place, ahead of the dependent loads of cuc[B] and locate_row; one thread per
   // 128-byte line. H200, kernel us: 128,1,128,1x4096 6.30 -> 5.94, 128,2,128,1x4096 8.93 ->
@@ -345,8 +374,17 @@ __global__ void __launch_bounds__(TX* LANES,
       fetched =
           Ring::fetch(ring + i * Ring::STAGE_ELEMS, p, static_cast<int>(r), r < row_end, col0);
     }
+    if (claims)
+      claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
+        zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
+      });
     cp_async_wait<STAGES - 2>();
     __syncthreads();
+  } else {
+    if (claims)
+      claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
+        zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
+      });
   }
   int buf = 0;
   int it = 0;
@@ -449,16 +487,10 @@ __global__ void __launch_bounds__(TX* LANES,
 
   if constexpr (ATOMIC_APE) {
     // Atomic mode: this CTA's partials go straight into grad_ape, zeroed first by the column
-    // slice's first CTA to get here when the call overwrites it outside capture.
-    if (p.workspace != nullptr) {
-      zero_once_per_call(reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y, gridDim.x,
-                         [&](int t, int threads) {
-                           for (int e = t; e < LW::WIN * COLS; e += threads) {
-                             const int k = e / COLS;
-                             const int c = col0 + e - k * COLS;
-                             if (c < HEAD_DIM) p.grad_ape[G::ape_index(k, c)] = 0.0f;
-                           }
-                         });
+    // slice's claimant when the call overwrites it outside capture.
+    if (claims) {
+      claim_await_zeroed(claim_word, gridDim.x, claim);
+      __syncthreads();
     }
     if (!active || row_end <= row_begin) return;  // no rows: nothing to add
 #pragma unroll

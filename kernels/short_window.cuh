@@ -128,23 +128,23 @@ __device__ __forceinline__ int window_slot_index(int slot, int col0, int c) {
   return (slot % RATIO) * (COFF * HEAD_DIM) + (slot / RATIO) * HEAD_DIM + col0 + c;
 }
 
-// Atomic mode, overwriting, one launch: the first CTA of each column block to finish its rows
-// zeroes the block's grad_ape elements before any of the block's adds (zero_once_per_call).
-// Columns [blockIdx.x * ROW_FLOATS, + ROW_FLOATS) of each of the SLOTS window slots.
+// Atomic mode, overwriting, one launch: the column block's claim word, and the zeroing of its
+// grad_ape elements by the claimant (columns [blockIdx.x * ROW_FLOATS, + ROW_FLOATS) of each
+// of the SLOTS window slots; claim_zero_if_first).
+__device__ __forceinline__ unsigned long long* grad_ape_claim_word(const BackwardParams& p) {
+  return reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.x;
+}
+
 template <int COFF, int HEAD_DIM, int SLOTS, int ROW_FLOATS>
-__device__ __forceinline__ void zero_grad_ape_once(const BackwardParams& p) {
+__device__ __forceinline__ void zero_grad_ape_block(const BackwardParams& p, int t, int threads) {
   constexpr int RATIO = SLOTS / COFF;
   const int col0 = blockIdx.x * ROW_FLOATS;
-  zero_once_per_call(reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.x, gridDim.y,
-                     [&](int t, int threads) {
-                       for (int e = t; e < SLOTS * ROW_FLOATS; e += threads) {
-                         const int slot = e / ROW_FLOATS;
-                         const int c = e - slot * ROW_FLOATS;
-                         if (col0 + c < HEAD_DIM)
-                           p.grad_ape[window_slot_index<RATIO, COFF, HEAD_DIM>(slot, col0, c)] =
-                               0.0f;
-                       }
-                     });
+  for (int e = t; e < SLOTS * ROW_FLOATS; e += threads) {
+    const int slot = e / ROW_FLOATS;
+    const int c = e - slot * ROW_FLOATS;
+    if (col0 + c < HEAD_DIM)
+      p.grad_ape[window_slot_index<RATIO, COFF, HEAD_DIM>(slot, col0, c)] = 0.0f;
+  }
 }
 
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
@@ -164,6 +164,19 @@ __global__ void __launch_bounds__(TX* TY)
   // Loaded up front: its round trip overlaps the rows' instead of adding one at the end.
   const int used =
       p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
+  constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
+  constexpr int ROW_FLOATS = TX * VEC;  // one slot's columns in this CTA
+  // Atomic mode with claim words: the arrival and, in the CTA that claims the block, its
+  // zeroing at the start, so that no CTA waits for the zeroing after its rows (warp 0 waits
+  // here for the arrival's reply).
+  const bool claims = !FIXED_ORDER && p.workspace != nullptr;
+  unsigned long long claim = 0;
+  if (claims) {
+    claim = claim_arrive(grad_ape_claim_word(p));
+    claim_zero_if_first(grad_ape_claim_word(p), gridDim.y, claim, [&](int t, int threads) {
+      zero_grad_ape_block<COFF, HEAD_DIM, SLOTS, ROW_FLOATS>(p, t, threads);
+    });
+  }
 
   float dape_prev[NPREV][VEC];
   float dape_own[RATIO][VEC];
@@ -262,11 +275,8 @@ __global__ void __launch_bounds__(TX* TY)
   // grad_ape: every thread parks its partials in shared memory; then each thread folds a few
   // (slot, column) elements over the TY row lanes in lane order (fixed, so bitwise stable) and
   // writes one partial (or one atomic) per element, consecutive threads on consecutive floats.
-  constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
-  constexpr int ROW_FLOATS = TX * VEC;  // one slot's columns in this CTA
-  if constexpr (!FIXED_ORDER) {
-    if (p.workspace != nullptr) zero_grad_ape_once<COFF, HEAD_DIM, SLOTS, ROW_FLOATS>(p);
-  }
+  // The block zeroed before this CTA's adds; a barrier follows (the fold's, or the one below).
+  if (claims) claim_await_zeroed(grad_ape_claim_word(p), gridDim.y, claim);
   if constexpr (TY > 1) {
     __shared__ __align__(16) float fold[TY][SLOTS][ROW_FLOATS];
 #pragma unroll
@@ -313,7 +323,9 @@ __global__ void __launch_bounds__(TX* TY)
         }
       }
     }
-  } else if (active) {
+  } else {
+    if (claims) __syncthreads();
+    if (!active) return;
     float* dst =
         FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
 #pragma unroll

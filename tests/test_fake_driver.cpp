@@ -47,8 +47,9 @@ TEST_F(FakeDriver, WarmConfigurationLaunchesUnderCaptureWithoutPreparingAgain) {
     state().capturing = true;
     for (int i = 0; i < 3; ++i) rt.service.forward(forward_args(c), kStream, Family::kAuto);
     EXPECT_EQ(state().launches, 3);
-    // Backward: kernel + fixed-order grad_ape reduction; the workspace comes from the graph.
-    rt.service.backward(backward_args(c), kStream, Family::kAuto);
+    // Deterministic backward: kernel + fixed-order grad_ape reduction; the workspace comes
+    // from the graph.
+    rt.service.backward(backward_args(c, kDeterministic), kStream, Family::kAuto);
     EXPECT_EQ(state().launches, 5);
     EXPECT_EQ(state().allocations, 1) << "graph-owned grad_ape workspace";
     EXPECT_EQ(state().library_loads, 1) << "a warm call prepared again";
@@ -139,7 +140,7 @@ TEST_F(FakeDriver, PlanPreparesOnceAndLaunchesUnderCapture) {
     state().capturing = true;
     for (int i = 0; i < 4; ++i) {
       rt.service.forward_with(*record, forward_args(c), kStream);
-      rt.service.backward_with(*record, backward_args(c), kStream);
+      rt.service.backward_with(*record, backward_args(c, kDeterministic), kStream);
     }
     EXPECT_EQ(state().launches, 4 * 3);  // forward + backward kernel + grad_ape reduction
     EXPECT_EQ(state().attribute_queries, queries) << "a plan call prepared again";

@@ -205,7 +205,7 @@ INSTANTIATE_TEST_SUITE_P(Graph, Capture,
 TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
   // Short-window head_dim 512, and long-window shapes whose small-row buckets add grad_ape
   // atomically in the shipped sm_90 table (others run the fixed order: still a valid check).
-  // The last one, with 8193 rows, has the work per CTA to take one launch under capture too.
+  // The last one has 8193 rows: many rows a CTA.
   const std::vector<Config> configs = {{2, 512, 2},  {4, 512, 2},   {16, 512, 1},
                                        {16, 512, 2}, {128, 128, 1}, {128, 512, 2},
                                        {4, 128, 2},  {2, 65, 1},    {4, 128, 2}};
@@ -256,9 +256,8 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
     second.synchronize();
     for (std::size_t i = 0; i < configs.size(); ++i) check(i, "round " + std::to_string(round));
   }
-  // Captured: 2,2,512, 128,2,512 (4 rows a CTA on the H200) and the 8193-row 4,2,128 in one
-  // launch each, with claim words of their own; 128,1,128 (1 row a CTA) with a memset of
-  // grad_ape before it; the small 4,2,128 in the fixed order.
+  // Captured: 2,2,512, 128,1,128 (1 row a CTA on the H200), 128,2,512 (4 rows a CTA) and
+  // both 4,2,128 calls in one launch each, with claim words of their own.
   // Replayed on the stream it was captured on and on the other one, between eager calls of
   // other configurations.
   const Plan plan(*g_runtime, configs[0], 0);

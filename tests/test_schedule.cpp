@@ -102,7 +102,7 @@ TEST(ShortWindowSchedule, OverrideIsValidated) {
 
 // `csa schedule select` reports how a short-window backward sums grad_ape: atomically in one
 // launch by default; the head_dim-128 configurations (fixed order by default) only where the
-// call has claim words, captured calls with enough work per CTA (`cap`).
+// call has claim words (and, captured, a CTA has `cap` rows x slots of work: 0 by default).
 TEST(ShortWindowSchedule, SelectionSaysHowGradApeIsSummed) {
   RuntimeOptions options;
   options.disk_cache = false;  // nothing is compiled here
@@ -111,7 +111,7 @@ TEST(ShortWindowSchedule, SelectionSaysHowGradApeIsSummed) {
       rt.select_schedule({4, 128, 2}, Direction::kBackward, 1024, "sm_90");
   EXPECT_TRUE(narrow.grad_ape_atomic);
   EXPECT_TRUE(narrow.grad_ape_atomic_needs_claim_words);
-  EXPECT_NE(narrow.schedule.find("one=1,cap=128"), std::string::npos) << narrow.schedule;
+  EXPECT_NE(narrow.schedule.find("one=1,cap=0"), std::string::npos) << narrow.schedule;
   const ScheduleChoice wide = rt.select_schedule({4, 512, 2}, Direction::kBackward, 1024, "sm_90");
   EXPECT_TRUE(wide.grad_ape_atomic);
   EXPECT_FALSE(wide.grad_ape_atomic_needs_claim_words);

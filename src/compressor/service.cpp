@@ -395,7 +395,8 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   const bool deterministic = (a.flags & kDeterministic) != 0;
   const bool capturing = launch::is_capturing(d, stream);
   // One launch instead of two (one_launch): the atomic form, which zeroes grad_ape itself
-  // through claim words; captured, only with enough work per CTA and claim words left.
+  // through claim words; captured, where claim words are left (and a CTA has at least
+  // captured_one_launch_min rows x slots of work: 0, always, by default).
   const int slots = c.ratio * c.coff;  // window slots
   bool fixed_order =
       deterministic ||

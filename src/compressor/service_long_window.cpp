@@ -151,9 +151,9 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
   set_block(shape, b, p.programmatic);
   if (atomic) {  // one launch adding into grad_ape; the claim words are per column slice (y)
-    // Captured with few rows a CTA: a memset of grad_ape first (kCapturedClaimWordsMinRows).
-    const bool words_pay = !capturing || grid.rows_per_cta >= schedule::kCapturedClaimWordsMinRows;
-    const CUdeviceptr words = (a.flags & kAccumulateGradApe) != 0 || !words_pay
+    // Claim words: the stream's, or under capture the call's own; without any left (captured
+    // calls only), a memset of grad_ape goes first (prepare_atomic_grad_ape).
+    const CUdeviceptr words = (a.flags & kAccumulateGradApe) != 0
                                   ? 0
                                   : scratch_.claim_words(grid.column_slices, capturing, stream);
     prepare_atomic_grad_ape(params, a, ape_elems, words, stream);

@@ -74,14 +74,6 @@ struct LongWindowGrid {
 LongWindowGrid long_window_backward_grid(const Config& config, const LongWindowSchedule& s,
                                          std::int64_t rows, int sm_count, int resident_per_sm);
 
-// An atomic-grad_ape backward captured into a CUDA graph zeroes grad_ape itself through claim
-// words (one launch) where a CTA has at least this many rows, else a memset goes first: with
-// one or two rows a CTA, its CTAs finish together and wait for the claimant's zeroing. H200,
-// replayed graph, kernel us, memset / claim words: 128,1,128,1x4096 (1 row a CTA) 5.96 / 6.20,
-// 128,2,128,1x8192 (2) 11.55 / 11.78, 128,1,512,1x4096 (2) 10.11 / 10.33, 128,1,512,1x8192 (4)
-// 15.65 / 15.31, 128,2,512,1x4096 (4) 18.3 / 18.1, 128,2,512,1x8192 (8) 32.0-32.9 / 31.8.
-inline constexpr int kCapturedClaimWordsMinRows = 4;
-
 // Whether a lane-window forward grid of `ctas` CTAs prefetches its windows before the
 // programmatic wait: at most kForwardPrefetchEarlyWaves full waves of resident CTAs.
 inline constexpr int kForwardPrefetchEarlyWaves = 3;
