@@ -315,6 +315,13 @@ __global__ void __launch_bounds__(TX* LANES,
   unsigned long long* const claim_word =
       claims ? reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y : nullptr;
   const unsigned long long claim = claims ? claim_arrive(claim_word) : 0ull;
+  // NOTE: ring kernels of more than 256 threads have 64 registers a thread; there the arrival's
+  // reply waits for claim_await_zeroed in shared memory, not in two registers across the rows
+  // (which spilled 16 bytes at 128,2,128 v2 c16 t512). Elsewhere it stays in registers: the
+  // shared-memory form ran the 256-thread atomic buckets 4-8 % slower on the H200 (A/B, two
+  // rounds, kernel us: 128,1,512,1x4096 8.91-8.94 -> 9.64-9.66, 128,2,512,1x8192 30.4 -> 32.0).
+  constexpr bool kClaimReplyInShared = STAGES > 1 && TX * LANES > 256;
+  [[maybe_unused]] __shared__ unsigned long long claim_reply;
   // The first rows' windows (those the ring fetches before its loop, else the first) at the
   // guessed place, ahead of the dependent loads of cuc[B] and locate_row; one thread per
   // 128-byte line. H200, kernel us: 128,1,128,1x4096 6.30 -> 5.94, 128,2,128,1x4096 8.93 ->
@@ -378,6 +385,9 @@ __global__ void __launch_bounds__(TX* LANES,
       claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
         zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
       });
+    if constexpr (kClaimReplyInShared) {
+      if (threadIdx.x == 0 && threadIdx.y == 0) claim_reply = claim;
+    }
     cp_async_wait<STAGES - 2>();
     __syncthreads();
   } else {
@@ -403,7 +413,8 @@ __global__ void __launch_bounds__(TX* LANES,
       // place, one thread per 128-byte line). H200, kernel us: 128,1,128,1x131072 50.3 -> 47.7,
       // 1x65536 27.7 -> 26.5; 128,1,512 the same within 1 % (1x8192 15.6 -> 15.7); two rows
       // beyond: no gain. NOTE: at coff 2 the same prefetch ran 1.3-2.2x slower (128,2,512,
-      // 1x131072 414 -> 890, 128,2,128,1x131072 114 -> 173); why is not measured.
+      // 1x131072 414 -> 890, 128,2,128,1x131072 114 -> 173): ncu read twice the window's bytes
+      // from DRAM there (542 -> 1096 MB), as if the prefetched lines left L2 before their use.
       if constexpr (COFF == 1 && HEAD_DIM <= 128) {
         const long long further = ahead + 1;
         if (active && further < row_end)
@@ -489,7 +500,12 @@ __global__ void __launch_bounds__(TX* LANES,
     // Atomic mode: this CTA's partials go straight into grad_ape, zeroed first by the column
     // slice's claimant when the call overwrites it outside capture.
     if (claims) {
-      claim_await_zeroed(claim_word, gridDim.x, claim);
+      if constexpr (kClaimReplyInShared) {
+        claim_await_zeroed(reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y,
+                           gridDim.x, claim_reply);
+      } else {
+        claim_await_zeroed(claim_word, gridDim.x, claim);
+      }
       __syncthreads();
     }
     if (!active || row_end <= row_begin) return;  // no rows: nothing to add
