@@ -40,7 +40,7 @@ struct BackwardParams {
   // Fixed-order mode: one (ratio, W) partial per row group. Atomic mode: null (grad_ape zeroed
   // by the host, or accumulated into), or claim words (8 bytes, one per column block, zero
   // when allocated and left so by every launch), with which the kernel zeroes grad_ape itself
-  // first (zero_once_per_call).
+  // first (claim_zero_if_first).
   float* workspace;
   csa_i32 total_tokens;
   csa_i32 num_segments;

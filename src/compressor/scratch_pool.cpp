@@ -50,7 +50,7 @@ CUdeviceptr ScratchPool::stream_workspace(CUstream stream, bool capturing, std::
   CUdeviceptr ptr = 0;
   d.check(d.api().cuMemAllocAsync(&ptr, grown, stream), "cuMemAllocAsync (grad_ape workspace)");
   if (use == Use::kClaimWords) {
-    // Zeroed once: every launch leaves the words as it found them (zero_once_per_call).
+    // Zeroed once: every launch leaves the words as it found them (claim_await_zeroed resets them).
     d.check(d.api().cuMemsetD32Async(ptr, 0, grown / sizeof(std::uint32_t), stream),
             "cuMemsetD32Async (grad_ape claim words)");
   }

@@ -21,7 +21,8 @@ class ScratchPool {
   ScratchPool(const ScratchPool&) = delete;
   ScratchPool& operator=(const ScratchPool&) = delete;
 
-  // kClaimWords: zeroed when allocated; every launch leaves them so (zero_once_per_call).
+  // kClaimWords: zeroed when allocated; every launch leaves them so (the claim protocol,
+  // kernels/csa_common.cuh).
   enum class Use { kPartials, kClaimWords };
   // A workspace of at least `bytes` usable in stream order on `stream`, grown on demand, or 0
   // when the stream is `capturing` (the caller's one query per call; it then allocates inside
