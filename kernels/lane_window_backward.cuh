@@ -255,6 +255,11 @@ struct ColumnLanes {
   }
 };
 
+// The column slice's claim word (atomic mode, overwriting: p.workspace holds the words).
+__device__ __forceinline__ unsigned long long* slice_claim_word(const BackwardParams& p) {
+  return reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y;
+}
+
 // The claimant's zeroing of its column slice's grad_ape elements (every window slot, columns
 // [col0, col0 + COLS)): 16-byte stores where whole quads fit (grad_ape is 16-byte aligned).
 template <int RATIO, int COFF, int HEAD_DIM, int COLS>
@@ -312,8 +317,7 @@ __global__ void __launch_bounds__(TX* LANES,
   // Atomic mode with claim words: the arrival now; the claimant zeroes the column slice's
   // grad_ape once the first rows' loads are on their way (claim_zero_if_first below).
   const bool claims = ATOMIC_APE && p.workspace != nullptr;
-  unsigned long long* const claim_word =
-      claims ? reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y : nullptr;
+  unsigned long long* const claim_word = claims ? slice_claim_word(p) : nullptr;
   const unsigned long long claim = claims ? claim_arrive(claim_word) : 0ull;
   // NOTE: ring kernels of more than 256 threads have 64 registers a thread; there the arrival's
   // reply waits for claim_await_zeroed in shared memory, not in two registers across the rows
@@ -381,20 +385,19 @@ __global__ void __launch_bounds__(TX* LANES,
       fetched =
           Ring::fetch(ring + i * Ring::STAGE_ELEMS, p, static_cast<int>(r), r < row_end, col0);
     }
-    if (claims)
-      claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
-        zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
-      });
+  }
+  // The arrival's reply is due: with the ring, once the first rows' copies are on their way;
+  // without it, after cuc[B]'s load.
+  if (claims)
+    claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
+      zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
+    });
+  if constexpr (STAGES > 1) {
     if constexpr (kClaimReplyInShared) {
       if (threadIdx.x == 0 && threadIdx.y == 0) claim_reply = claim;
     }
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-  } else {
-    if (claims)
-      claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
-        zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
-      });
   }
   int buf = 0;
   int it = 0;
@@ -501,8 +504,7 @@ __global__ void __launch_bounds__(TX* LANES,
     // slice's claimant when the call overwrites it outside capture.
     if (claims) {
       if constexpr (kClaimReplyInShared) {
-        claim_await_zeroed(reinterpret_cast<unsigned long long*>(p.workspace) + blockIdx.y,
-                           gridDim.x, claim_reply);
+        claim_await_zeroed(slice_claim_word(p), gridDim.x, claim_reply);
       } else {
         claim_await_zeroed(claim_word, gridDim.x, claim);
       }
