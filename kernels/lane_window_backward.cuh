@@ -166,12 +166,16 @@ struct LaneRing {
     return w;
   }
 
+  // 512 threads with at most 8 window values a thread run two CTAs per SM (64 registers a
+  // thread); with more values, one CTA per SM (128 registers), as 256 threads have.
+  static constexpr bool TIGHT_REGISTERS = THREADS > 256 && VEC* LW::C <= 8;
+
   // This thread's slots of one staged row: s = score + ape (invalid slots: -inf), kv (invalid
   // slots and columns past head_dim were zero-filled), grad_out.
-  // Above 256 threads (64 registers a thread) this thread's ape values live in shared memory
-  // too (they are the same for every row); at 256 they stay in registers, which measured
-  // 3-5 % faster on the H200. Thread-private: [C * VEC][THREADS] floats.
-  static constexpr bool APE_IN_SHARED = THREADS > 256;
+  // With 64 registers a thread this thread's ape values live in shared memory too (they are
+  // the same for every row); with 128 they stay in registers, which measured 3-5 % faster on
+  // the H200. Thread-private: [C * VEC][THREADS] floats.
+  static constexpr bool APE_IN_SHARED = TIGHT_REGISTERS;
   static constexpr int APE_FLOATS = APE_IN_SHARED ? LW::C * VEC * THREADS : 0;
   static __device__ __forceinline__ float& ape_at(float* ape_sm, int j, int v) {
     return ape_sm[(j * VEC + v) * THREADS + threadIdx.y * TX + threadIdx.x];
@@ -286,15 +290,28 @@ __device__ __forceinline__ void zero_grad_ape_slice(const BackwardParams& p, int
 // STAGES = 1: each row's window is loaded straight into registers (one round trip per row);
 // STAGES >= 2: through LaneRing, STAGES - 1 rows ahead.
 // Launch bounds: 256 threads, 2 CTAs per SM (128 registers); with the ring (no window loads
-// held in registers, ape in shared memory) 512 threads also keep 2 CTAs per SM (64 registers).
+// held in registers, ape in shared memory) 512 threads holding at most 8 window values keep 2
+// CTAs per SM (64 registers), and 512 threads holding more take one CTA per SM (128
+// registers): the same warps per SM as two 256-thread CTAs, over twice the columns, so that
+// each L2 request of the ring's copies and of the gradient stores carries two 32-byte sectors
+// of a token row where 16 columns carry one.
 // ATOMIC_APE: the CTA's grad_ape partials are added into grad_ape (atomic mode) instead of
 // written to p.workspace for the fixed-order reduction. A template argument, not a flag: the
 // fixed-order kernel stays exactly the code it was (a runtime branch here cost the ring
 // kernels up to 14 % at 131072 tokens on the H200).
+template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES>
+struct BackwardCtasPerSm {
+  static constexpr int value =
+      TX * LANES <= 256 ||
+              (STAGES > 1 && LaneRing<RATIO, COFF, HEAD_DIM, VEC, TX, LANES>::TIGHT_REGISTERS)
+          ? 2
+          : 1;
+};
+
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES, bool FAST_EXP,
           bool ATOMIC_APE>
-__global__ void __launch_bounds__(TX* LANES,
-                                  (TX * LANES <= 256 || (STAGES > 1 && TX * LANES <= 512)) ? 2 : 1)
+__global__ void __launch_bounds__(
+    TX* LANES, BackwardCtasPerSm<RATIO, COFF, HEAD_DIM, VEC, TX, LANES, STAGES>::value)
     lane_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter();
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
@@ -319,12 +336,12 @@ __global__ void __launch_bounds__(TX* LANES,
   const bool claims = ATOMIC_APE && p.workspace != nullptr;
   unsigned long long* const claim_word = claims ? slice_claim_word(p) : nullptr;
   const unsigned long long claim = claims ? claim_arrive(claim_word) : 0ull;
-  // NOTE: ring kernels of more than 256 threads have 64 registers a thread; there the arrival's
+  // NOTE: ring kernels with 64 registers a thread (Ring::TIGHT_REGISTERS): there the arrival's
   // reply waits for claim_await_zeroed in shared memory, not in two registers across the rows
   // (which spilled 16 bytes at 128,2,128 v2 c16 t512). Elsewhere it stays in registers: the
   // shared-memory form ran the 256-thread atomic buckets 4-8 % slower on the H200 (A/B, two
   // rounds, kernel us: 128,1,512,1x4096 8.91-8.94 -> 9.64-9.66, 128,2,512,1x8192 30.4 -> 32.0).
-  constexpr bool kClaimReplyInShared = STAGES > 1 && TX * LANES > 256;
+  constexpr bool kClaimReplyInShared = STAGES > 1 && Ring::TIGHT_REGISTERS;
   [[maybe_unused]] __shared__ unsigned long long claim_reply;
   // The first rows' windows (those the ring fetches before its loop, else the first) at the
   // guessed place, ahead of the dependent loads of cuc[B] and locate_row; one thread per

@@ -367,11 +367,15 @@ TEST(ScheduleTable, TheRingFitsTheHeadDimTheRegistersAndSharedMemory) {
   EXPECT_EQ(schedule::fit_long_window({128, 65, 2}, s, "sm_90", bwd).stages, 1);
   EXPECT_EQ(schedule::fit_long_window({128, 4, 2}, s, "sm_90", bwd).stages, 1);
   EXPECT_EQ(schedule::fit_long_window({128, 512, 2}, s, "sm_90", Direction::kForward).stages, 1);
-  // 512 threads keep two CTAs per SM with the ring (64 registers): at most 8 values a thread.
+  // 512 threads keep the ring: two CTAs per SM (64 registers) up to 8 values a thread, one
+  // (128 registers, ape in registers) above.
   s.threads = 512;
   EXPECT_EQ(schedule::fit_long_window({128, 512, 1}, s, "sm_90", bwd).stages, 2);  // 4 values
   s.cols = 32;
-  EXPECT_EQ(schedule::fit_long_window({128, 512, 2}, s, "sm_90", bwd).stages, 1);  // 16 values
+  const auto sixteen = schedule::fit_long_window({128, 512, 2}, s, "sm_90", bwd);
+  ASSERT_EQ(sixteen.stages, 2);  // 32 columns, 16 lanes: 16 values a thread
+  EXPECT_EQ(schedule::long_window_shared_bytes({128, 512, 2}, sixteen),
+            2 * (2 * (256 + 16) * 32 + 32) * 2);
   // Dynamic shared memory: the ring and each thread's ape values; within every arch's limit.
   s.cols = 16;
   s.threads = 256;

@@ -46,8 +46,8 @@ TEST(TunePlan, EveryCandidateIsAValidBucket) {
 
 TEST(TunePlan, CandidatesAreMeasuredAsTheLoaderRunsThem) {
   // At ratio 128, coff 2 the loader raises "v1 c32 t256" to 512 threads (at most 16 window
-  // values a thread) and drops the ring of "v1 c32 t512 s2" (at most 8 at 512 threads): both
-  // run as "v1 c32 t512", which is measured once, under that name.
+  // values a thread): it runs as "v1 c32 t512", which is measured once, under that name; and
+  // "v1 c64 t512 s2" runs as "v1 c32 t512 s2".
   const Config c{128, 128, 2};
   const auto candidates = tools::tune_candidates(c, Direction::kBackward);
   RuntimeOptions options;
@@ -70,7 +70,10 @@ TEST(TunePlan, CandidatesAreMeasuredAsTheLoaderRunsThem) {
   };
   EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512"), 1);
   EXPECT_EQ(count("lanes-chunked-fast v1 c32 t256"), 0);
-  EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512 s2"), 0);
+  // 16 window values a thread: the 512-thread ring takes one CTA per SM and keeps its name.
+  EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512 s2"), 1);
+  // 64 columns would hold 32 values a thread: fitted to 32 columns and 512 threads.
+  EXPECT_EQ(count("lanes-chunked-fast v1 c64 t512 s2"), 0);
   EXPECT_EQ(count("lanes-chunked-fast v1 c16 t256 s2"), 1);
   EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512 atomic"), 1);
   EXPECT_EQ(count("lanes-chunked-fast v1 c16 t256 s2 atomic"), 1);

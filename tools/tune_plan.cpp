@@ -68,7 +68,7 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
     for (bool atomic_ape : {false, true}) {
       for (int stages = 1; stages <= max_stages; ++stages)
         for (int vec : {1, narrow})
-          for (int cols : {16, 32})
+          for (int cols : {16, 32, 64})
             for (int threads : {256, 512})
               out.push_back(lanes(vec, cols, threads, false, true, direction, stages, atomic_ape));
     }

@@ -39,8 +39,10 @@ int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
     const int lanes = s.window_lanes();
     // LaneRing::STAGE_ELEMS: score and kv of (window + one pad row per lane) rows, grad_out.
     const int stage_elems = (2 * (win + lanes) * s.cols + s.cols + 7) / 8 * 8;
-    // LaneRing::APE_FLOATS: above 256 threads, each thread's ape values (C slots x vec).
-    const int ape_floats = s.threads > 256 ? (win + lanes - 1) / lanes * s.vec * s.threads : 0;
+    // LaneRing::APE_FLOATS: with 64 registers a thread (above 256 threads, at most 8 window
+    // values a thread), each thread's ape values (C slots x vec).
+    const int values = (win + lanes - 1) / lanes * s.vec;
+    const int ape_floats = s.threads > 256 && values <= 8 ? values * s.threads : 0;
     return s.stages * stage_elems * 2 + ape_floats * 4;
   }
   const int chunks = s.threads / s.cols;
@@ -113,9 +115,6 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // The ring copies 16-byte chunks of 8 columns; its static shared memory (24 B per thread
   // and column, above) and the ring share the arch's limit.
   if (c.head_dim % 8 != 0 || s.cols < 8) s.stages = 1;
-  // With the ring, 512 threads get 64 registers (two CTAs per SM): room for 8 window values
-  // per thread (ptxas spills at 16).
-  if (s.stages > 1 && s.threads > 256 && values() > 8) s.stages = 1;
   const int static_bytes = s.threads * s.vec * smem_per_value;
   while (s.stages > 1 &&
          static_bytes + long_window_shared_bytes(c, s) > shared_limit_for_arch(arch))
