@@ -1,6 +1,7 @@
 // `csa tune` planning without a GPU: candidates are valid table buckets, the choice rule, the
 // buckets and the merged table.
 #include <algorithm>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "tune_plan.hpp"
@@ -28,11 +29,21 @@ TEST(TunePlan, EveryCandidateIsAValidBucket) {
             << cand.name;
         EXPECT_EQ(c.head_dim % cand.bucket["vec"].get<int>(), 0) << cand.name;
       }
-      // Backward: the ring (stages 2) is a candidate where head_dim allows it, with unique names.
+      // Backward: the ring (stages 2, and 3 at 512 threads) is a candidate where head_dim
+      // allows it, with unique names.
       const auto ring = std::count_if(candidates.begin(), candidates.end(), [](const auto& cand) {
         return cand.bucket.value("stages", 1) == 2;
       });
       EXPECT_EQ(ring > 0, d == Direction::kBackward && c.head_dim % 8 == 0) << c.head_dim;
+      for (const auto& cand : candidates) {
+        if (cand.bucket.value("stages", 1) == 3) {
+          EXPECT_EQ(cand.bucket["threads"], 512) << cand.name;
+        }
+      }
+      const auto three = std::count_if(candidates.begin(), candidates.end(), [](const auto& cand) {
+        return cand.bucket.value("stages", 1) == 3;
+      });
+      EXPECT_EQ(three > 0, d == Direction::kBackward && c.head_dim % 8 == 0) << c.head_dim;
       // Backward: each chunked-fast kernel is measured with grad_ape by atomics too.
       const auto atomic = std::count_if(candidates.begin(), candidates.end(), [](const auto& cand) {
         return cand.bucket.value("grad_ape", "fixed_order") == "atomic";
@@ -78,7 +89,8 @@ TEST(TunePlan, CandidatesAreMeasuredAsTheLoaderRunsThem) {
   EXPECT_EQ(count("lanes-chunked-fast v1 c32 t512 atomic"), 1);
   EXPECT_EQ(count("lanes-chunked-fast v1 c16 t256 s2 atomic"), 1);
   for (const auto& r : run) {
-    EXPECT_EQ(r.bucket["stages"].get<int>() > 1, r.name.find(" s2") != std::string::npos);
+    const int stages = r.bucket["stages"].get<int>();
+    EXPECT_EQ(stages > 1, r.name.find(fmt::format(" s{}", stages)) != std::string::npos);
     EXPECT_EQ(r.bucket["grad_ape"] == "atomic", r.name.find(" atomic") != std::string::npos);
     EXPECT_FALSE(r.bitwise);
   }

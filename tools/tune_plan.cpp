@@ -62,15 +62,18 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
                                                                             {1, 32, 512}})
       out.push_back(lanes(vec, cols, threads, true, false, direction));
   } else {
-    // The shared-memory ring (stages 2) needs head_dim % 8 == 0.
-    const int max_stages = config.head_dim % 8 == 0 ? 2 : 1;
+    // The shared-memory ring (stages 2 and 3) needs head_dim % 8 == 0; a third stage is tried
+    // at 512 threads, which leave an SM's shared memory to one or two CTAs.
+    const int max_stages = config.head_dim % 8 == 0 ? 3 : 1;
     // Each chunked-fast kernel is timed with both grad_ape forms (fixed order, atomics).
     for (bool atomic_ape : {false, true}) {
       for (int stages = 1; stages <= max_stages; ++stages)
         for (int vec : {1, narrow})
           for (int cols : {16, 32, 64})
-            for (int threads : {256, 512})
+            for (int threads : {256, 512}) {
+              if (stages == 3 && threads < 512) continue;
               out.push_back(lanes(vec, cols, threads, false, true, direction, stages, atomic_ape));
+            }
     }
     out.push_back(lanes(1, 16, 256, false, false, direction));
   }
