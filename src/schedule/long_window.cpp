@@ -41,7 +41,7 @@ int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
     const int stage_elems = (2 * (win + lanes) * s.cols + s.cols + 7) / 8 * 8;
     // LaneRing::APE_FLOATS: with 64 registers a thread (above 256 threads, at most 8 window
     // values a thread), each thread's ape values (C slots x vec).
-    const int values = (win + lanes - 1) / lanes * s.vec;
+    const int values = s.window_values(win);
     const int ape_floats = s.threads > 256 && values <= 8 ? values * s.threads : 0;
     return s.stages * stage_elems * 2 + ape_floats * 4;
   }
@@ -91,8 +91,7 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   const int per_thread_values = direction == Direction::kForward ? 32 : 16;
   const int smem_per_value = direction == Direction::kForward ? 12 : 24;
   auto tx = [&] { return s.cols / s.vec; };
-  auto lanes = [&] { return s.threads / tx(); };
-  auto values = [&] { return ((win + lanes() - 1) / lanes()) * s.vec; };
+  auto values = [&] { return s.window_values(win); };
   s.threads = std::max(s.threads, tx() * s.vec);
   auto smem_ok = [&](int threads, int vec) {
     return threads * vec * smem_per_value + window_bytes * s.cols <= 48 * 1024;

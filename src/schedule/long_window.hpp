@@ -38,6 +38,10 @@ struct LongWindowSchedule {
   std::string template_args() const;                     // the kernel template's schedule arguments
   std::string kernel_prefix(Direction direction) const;  // "csa_kernel::lane_window_forward"
   int window_lanes() const { return threads / (cols / vec); }  // lanes form
+  // Lanes form: window values a thread holds (its slots of a `window`-slot window, x vec).
+  int window_values(int window) const {
+    return (window + window_lanes() - 1) / window_lanes() * vec;
+  }
   bool same_kernel(const LongWindowSchedule& o) const {
     return staged == o.staged && template_args() == o.template_args();
   }
