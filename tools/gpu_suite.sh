@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs everything that needs a GPU on an already built tree: the GPU tests, the memory checker
-# over the adversarial-offset tests and every 128,1,512 bucket, the race checker over a ring backward, and the benchmarks. Full logs go to OUTDIR; a summary is
-# printed last.
+# over the adversarial-offset tests and every 128,1,512 bucket, the race checker over the ring
+# backwards, and the benchmarks. Full logs go to OUTDIR; a summary is printed last.
 #   tools/gpu_suite.sh OUTDIR [BUILD_DIR]
 # CSA_SUITE_VARIANTS: extra benchmark runs, ';'-separated CSA_SHORT_WINDOW_SCHEDULE values.
 set -u
