@@ -8,27 +8,32 @@
 #include <utility>
 
 #include "csa/reference.hpp"
+#include "parse.hpp"
 
 namespace csa::tools {
 
 Pack parse_pack(const std::string& text) {
   Pack p;
   p.label = text;
+  constexpr std::int64_t kMaxTokens = (std::int64_t{1} << 31) - 1;
+  constexpr std::int64_t kMaxSegments = 1 << 20;
   const auto x = text.find('x');
-  try {
-    if (x != std::string::npos) {
-      const int count = std::stoi(text.substr(0, x));
-      const int len = std::stoi(text.substr(x + 1));
-      p.seqlens.assign(static_cast<std::size_t>(count), len);
-    } else {
-      std::istringstream in(text);
-      std::string item;
-      while (std::getline(in, item, '+')) p.seqlens.push_back(std::stoi(item));
-    }
-  } catch (const std::exception&) {
-    throw CLI::ValidationError("pack", "'" + text + "' is not NxLEN or LEN+LEN+...");
+  if (x != std::string::npos) {
+    const auto count = parse_int(text.substr(0, x), 1, kMaxSegments, "pack " + text + " count");
+    const auto len = parse_int(text.substr(x + 1), 0, kMaxTokens, "pack " + text + " length");
+    if (count * len > kMaxTokens)
+      throw CLI::ValidationError("pack", "'" + text + "' holds more than 2^31 - 1 tokens");
+    p.seqlens.assign(static_cast<std::size_t>(count), static_cast<std::int32_t>(len));
+    return p;
   }
-  if (p.seqlens.empty()) throw CLI::ValidationError("pack", "'" + text + "' has no segments");
+  std::int64_t total = 0;
+  for (const auto& item : split(text, '+')) {
+    const auto len = parse_int(item, 0, kMaxTokens, "pack " + text + " length");
+    total += len;
+    if (total > kMaxTokens || p.seqlens.size() >= kMaxSegments)
+      throw CLI::ValidationError("pack", "'" + text + "' holds more than 2^31 - 1 tokens");
+    p.seqlens.push_back(static_cast<std::int32_t>(len));
+  }
   return p;
 }
 

@@ -51,11 +51,36 @@ std::vector<Shape> default_shapes() {
   return out;
 }
 
+// "ratio=4,coff=2,head_dim=512,pack=1x4096" or "4,2,512,1x4096"; checked against the
+// library's limits here, before anything is allocated.
 Shape parse_shape(const std::string& text) {
   const auto last = text.rfind(',');
-  if (last == std::string::npos)
-    throw CLI::ValidationError("--shape", "expected RATIO,COFF,HEAD_DIM,PACK");
-  return {parse_config(text.substr(0, last)), parse_pack(text.substr(last + 1))};
+  if (last == std::string::npos) {
+    throw CLI::ValidationError("--shape", "'" + text +
+                                              "' is not ratio=R,coff=C,head_dim=D,pack=PACK "
+                                              "(or R,C,D,PACK)");
+  }
+  std::string pack = text.substr(last + 1);
+  const bool keyed = text.find('=') != std::string::npos;
+  if (keyed) {
+    if (pack.rfind("pack=", 0) != 0)
+      throw CLI::ValidationError("--shape", "'" + text + "' ends without pack=PACK");
+    pack = pack.substr(5);
+  }
+  Shape shape{parse_config(text.substr(0, last), "--shape"), parse_pack(pack)};
+  std::int64_t tokens = 0;
+  std::int64_t rows = 0;
+  for (const auto len : shape.pack.seqlens) {
+    tokens += len;
+    rows += len / shape.config.ratio;
+  }
+  try {
+    validate_shape(shape.config, tokens, static_cast<std::int32_t>(shape.pack.seqlens.size()),
+                   rows);
+  } catch (const Error& e) {
+    throw CLI::ValidationError("--shape", "'" + text + "': " + e.what());
+  }
+  return shape;
 }
 
 double copy_bandwidth(Runtime& rt, Stream stream, int reps) {

@@ -38,7 +38,7 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
       try {
         reports[i] = o.arch.empty() ? runtime.prewarm(configs[i], o.device)
                                     : runtime.compile_for_arch(configs[i], o.arch);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {  // nothing may escape a worker thread
         errors[i] = e.what();
       }
       const std::size_t n = ++done;

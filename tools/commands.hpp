@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "csa/csa.hpp"
+#include "parse.hpp"
 
 namespace csa::tools {
 
@@ -16,9 +17,5 @@ void add_cache_command(CLI::App& app, Runtime*& runtime);
 void add_bench_command(CLI::App& app, Runtime*& runtime);
 void add_schedule_command(CLI::App& app, Runtime*& runtime);
 void add_tune_command(CLI::App& app, Runtime*& runtime);
-
-// "4,2,512" -> {ratio 4, coff 2, head_dim 512}; throws CLI::ValidationError.
-Config parse_config(const std::string& text);
-std::string format_config(const Config& c);
 
 }  // namespace csa::tools

@@ -4,24 +4,6 @@
 
 #include "commands.hpp"
 
-namespace csa::tools {
-
-Config parse_config(const std::string& text) {
-  Config c;
-  char extra = 0;
-  if (std::sscanf(text.c_str(), "%d,%d,%d%c", &c.ratio, &c.coff, &c.head_dim, &extra) != 3) {
-    throw CLI::ValidationError("--config",
-                               "'" + text + "' is not RATIO,COFF,HEAD_DIM (e.g. 4,2,512)");
-  }
-  return c;
-}
-
-std::string format_config(const Config& c) {
-  return fmt::format("{},{},{}", c.ratio, c.coff, c.head_dim);
-}
-
-}  // namespace csa::tools
-
 int main(int argc, char** argv) try {
   CLI::App app{"csa: fused CUDA kernels for the CSA/HCA Compressor (runtime-compiled with NVRTC)"};
   app.require_subcommand(1);

@@ -1,9 +1,13 @@
-// Environment lookups. Read once, when a Runtime is built; never on the launch path.
+// Environment lookups. Read once, when a Runtime is built; never on the launch path. Nothing
+// read here is trusted: a value that is not of the documented form is reported in `warnings`
+// and the default is kept.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace csa::env {
 
@@ -13,13 +17,16 @@ inline std::optional<std::string> get(const char* name) {
   return std::string(v);
 }
 
-// "1", "true", "on", "yes" are true; "0", "false", "off", "no" false; anything else: fallback.
-inline bool flag(const char* name, bool fallback) {
-  const auto v = get(name);
-  if (!v) return fallback;
-  if (*v == "1" || *v == "true" || *v == "on" || *v == "yes") return true;
-  if (*v == "0" || *v == "false" || *v == "off" || *v == "no") return false;
-  return fallback;
-}
+// The one spelling set of boolean variables, any letter case: 1, true, yes, on / 0, false,
+// no, off. std::nullopt for anything else.
+std::optional<bool> parse_flag(const std::string& text);
+
+// A boolean variable; unset: `fallback`; not of the spelling set: a warning and `fallback`.
+bool flag(const char* name, bool fallback, std::vector<std::string>& warnings);
+
+// An integer variable inside [lo, hi]; unset: `fallback`; anything else: a warning and
+// `fallback`.
+std::int64_t integer(const char* name, std::int64_t lo, std::int64_t hi, std::int64_t fallback,
+                     std::vector<std::string>& warnings);
 
 }  // namespace csa::env

@@ -30,11 +30,14 @@ struct Shape {
   std::int64_t ape_elems;    // ratio * width
 };
 
-Shape validate_shape(const Config& c, std::int64_t total_tokens, std::int32_t num_segments,
-                     std::int64_t total_comp) {
+Shape checked_shape(const Config& c, std::int64_t total_tokens, std::int32_t num_segments,
+                    std::int64_t total_comp) {
   validate_config(c);
-  if (num_segments < 0)
-    fail(Status::kInvalidArgument, "num_segments is {} (must be >= 0)", num_segments);
+  // NOTE: kernels index the offset arrays (num_segments + 1 entries) and stride over segments
+  // with int32: the bound leaves room for both.
+  if (num_segments < 0 || num_segments > kMaxSegments) {
+    fail(Status::kInvalidArgument, "num_segments is {} (must be in [0, 2^30])", num_segments);
+  }
   if (total_tokens < 0)
     fail(Status::kInvalidArgument, "total_tokens is {} (must be >= 0)", total_tokens);
   if (total_comp < 0) fail(Status::kInvalidArgument, "total_comp is {} (must be >= 0)", total_comp);
@@ -63,9 +66,15 @@ Shape validate_shape(const Config& c, std::int64_t total_tokens, std::int32_t nu
 }
 
 constexpr unsigned kDataAlign = 16;
+
 constexpr unsigned kOffsetAlign = 4;
 
 }  // namespace
+
+void validate_sizes(const Config& config, std::int64_t total_tokens, std::int32_t num_segments,
+                    std::int64_t total_comp) {
+  checked_shape(config, total_tokens, num_segments, total_comp);
+}
 
 void validate_config(const Config& c) {
   if (c.ratio < 1 || c.ratio > kMaxRatio)
@@ -92,12 +101,13 @@ namespace {
 // The shape and the inputs both directions share (ForwardArgs or BackwardArgs).
 template <typename Args>
 Shape validate_inputs(const Args& a) {
-  const Shape s = validate_shape(a.config, a.total_tokens, a.num_segments, a.total_comp);
+  const Shape s = checked_shape(a.config, a.total_tokens, a.num_segments, a.total_comp);
   check_pointer(a.kv, "kv", s.token_elems, kDataAlign);
   check_pointer(a.score, "score", s.token_elems, kDataAlign);
   check_pointer(a.ape, "ape", s.ape_elems, kDataAlign);
-  check_pointer(a.cu_seqlens, "cu_seqlens", a.num_segments + 1, kOffsetAlign);
-  check_pointer(a.cu_seqlens_comp, "cu_seqlens_comp", a.num_segments + 1, kOffsetAlign);
+  const std::int64_t offsets = std::int64_t{a.num_segments} + 1;
+  check_pointer(a.cu_seqlens, "cu_seqlens", offsets, kOffsetAlign);
+  check_pointer(a.cu_seqlens_comp, "cu_seqlens_comp", offsets, kOffsetAlign);
   return s;
 }
 

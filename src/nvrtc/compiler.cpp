@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/parse.hpp"
 
 namespace csa::nvrtc {
 
@@ -93,12 +94,11 @@ std::vector<int> Compiler::supported_archs() {
 }
 
 void check_arch(const std::string& arch) {
-  static const std::regex pattern("sm_([0-9]+)([af]?)");
-  std::smatch m;
-  if (!std::regex_match(arch, m, pattern)) {
+  const auto parsed = parse::compute_capability(arch);
+  if (!parsed) {
     fail(Status::kInvalidArgument, "arch '{}' is not of the form sm_XY (e.g. sm_90)", arch);
   }
-  const int cc = std::stoi(m[1].str());
+  const int cc = *parsed;
   const auto archs = Compiler::supported_archs();
   if (std::find(archs.begin(), archs.end(), cc) == archs.end()) {
     std::string list;
@@ -145,11 +145,21 @@ CompileResult Compiler::compile(const CompileRequest& request) const {
   return result;
 }
 
-std::vector<KernelResources> parse_ptxas_report(const std::string& log) {
+std::vector<KernelResources> parse_ptxas_report(const std::string& log, bool* malformed) {
   static const std::regex entry("Compiling entry function '([^']+)'");
   static const std::regex frame(
       "([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads");
   static const std::regex regs("Used ([0-9]+) registers");
+  // A report read back from a cache entry is not trusted: a number ptxas cannot print (more
+  // registers than a thread may have, sizes beyond 1 GiB) makes the report malformed.
+  constexpr int kMaxRegisters = 255;
+  constexpr int kMaxBytes = 1 << 30;
+  bool bad = false;
+  auto number = [&](const std::ssub_match& text, int hi) {
+    const auto value = parse::integer<int>(text.str(), 0, hi);
+    if (!value) bad = true;
+    return value.value_or(0);
+  };
   std::vector<KernelResources> out;
   std::istringstream lines(log);
   std::string line;
@@ -158,13 +168,14 @@ std::vector<KernelResources> parse_ptxas_report(const std::string& log) {
     if (std::regex_search(line, m, entry)) {
       out.push_back(KernelResources{m[1].str()});
     } else if (!out.empty() && std::regex_search(line, m, frame)) {
-      out.back().stack_bytes = std::stoi(m[1].str());
-      out.back().spill_store_bytes = std::stoi(m[2].str());
-      out.back().spill_load_bytes = std::stoi(m[3].str());
+      out.back().stack_bytes = number(m[1], kMaxBytes);
+      out.back().spill_store_bytes = number(m[2], kMaxBytes);
+      out.back().spill_load_bytes = number(m[3], kMaxBytes);
     } else if (!out.empty() && std::regex_search(line, m, regs)) {
-      out.back().registers = std::stoi(m[1].str());
+      out.back().registers = number(m[1], kMaxRegisters);
     }
   }
+  if (malformed != nullptr) *malformed = bad;
   return out;
 }
 

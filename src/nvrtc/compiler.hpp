@@ -54,6 +54,8 @@ class Compiler {
 
 // Throws Error(kInvalidArgument) unless `arch` is sm_XY[a|f] and NVRTC supports XY.
 void check_arch(const std::string& arch);
-std::vector<KernelResources> parse_ptxas_report(const std::string& log);
+// `malformed` (optional): set when a number is out of what ptxas can report.
+std::vector<KernelResources> parse_ptxas_report(const std::string& log,
+                                                bool* malformed = nullptr);
 
 }  // namespace csa::nvrtc

@@ -1,5 +1,7 @@
 #include "schedule/long_window.hpp"
 
+#include "common/parse.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -51,8 +53,7 @@ int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
 }
 
 int shared_limit_for_arch(const std::string& arch) {
-  int cc = 0;
-  std::sscanf(arch.c_str(), "sm_%d", &cc);
+  const int cc = parse::compute_capability(arch).value_or(0);
   // Opt-in shared memory per block (CUDA programming guide, compute capabilities table).
   if (cc == 80 || cc == 87) return 163 * 1024;
   if (cc == 90 || cc == 100 || cc == 103) return 227 * 1024;

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/parse.hpp"
 
 namespace csa::schedule {
 
@@ -37,12 +38,12 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
     if (eq == std::string::npos)
       fail(Status::kInvalidArgument, "schedule override '{}': expected key=value", item);
     const std::string key = item.substr(0, eq);
-    int value = 0;
-    try {
-      value = std::stoi(item.substr(eq + 1));
-    } catch (const std::exception&) {
-      fail(Status::kInvalidArgument, "schedule override '{}': value is not an integer", item);
+    const auto parsed = parse::integer<int>(std::string_view(item).substr(eq + 1), 0, 1 << 30);
+    if (!parsed) {
+      fail(Status::kInvalidArgument, "schedule override '{}': value is not an integer in [0, 2^30]",
+           item);
     }
+    const int value = *parsed;
     if (key == "fv")
       s.forward_vec = value;
     else if (key == "fnt")
@@ -84,9 +85,10 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
          "16 or 32, not {}",
          s.reduce_lanes);
   }
+  // NOTE: each side is bounded before the product is taken (tx=65536,ty=65536 must not wrap).
   if (s.forward_threads < 32 || s.forward_threads > 1024 || s.forward_narrow_threads < 32 ||
-      s.forward_narrow_threads > 1024 || s.backward_tx < 1 || s.backward_ty < 1 ||
-      s.backward_tx * s.backward_ty > 1024) {
+      s.forward_narrow_threads > 1024 || s.backward_tx < 1 || s.backward_tx > 1024 ||
+      s.backward_ty < 1 || s.backward_ty > 1024 || s.backward_tx * s.backward_ty > 1024) {
     fail(Status::kInvalidArgument, "schedule override: block shape out of range ({})",
          s.describe());
   }

@@ -3,9 +3,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <set>
 
 #include "common/error.hpp"
+#include "common/parse.hpp"
 #include "embedded_schedules.hpp"  // generated from schedules/ at build time
 
 namespace csa::schedule {
@@ -38,6 +41,7 @@ class Path {
 
 void reject_unknown(const json& object, const Path& path,
                     std::initializer_list<const char*> known) {
+  if (!object.is_object()) path.fail("must be an object");
   for (auto it = object.begin(); it != object.end(); ++it) {
     if (std::none_of(known.begin(), known.end(), [&](const char* k) { return it.key() == k; }))
       (path / it.key()).fail("unknown field");
@@ -51,13 +55,21 @@ const json& member(const json& object, const char* name, const Path& path) {
   return *it;
 }
 
+// An integer of the document inside [lo, hi]: 4.0, 1e3 and values beyond int64 are refused,
+// never rounded or wrapped.
+std::int64_t checked_int(const json& v, const Path& path, std::int64_t lo, std::int64_t hi) {
+  if (!v.is_number_integer()) path.fail("must be an integer");
+  if (v.is_number_unsigned() &&
+      v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    path.fail("{} is outside [{}, {}]", v.get<std::uint64_t>(), lo, hi);
+  const auto x = v.get<std::int64_t>();
+  if (x < lo || x > hi) path.fail("{} is outside [{}, {}]", x, lo, hi);
+  return x;
+}
+
 std::int64_t get_int(const json& object, const char* name, const Path& path, std::int64_t lo,
                      std::int64_t hi) {
-  const json& v = member(object, name, path);
-  if (!v.is_number_integer()) (path / name).fail("must be an integer");
-  const auto x = v.get<std::int64_t>();
-  if (x < lo || x > hi) (path / name).fail("{} is outside [{}, {}]", x, lo, hi);
-  return x;
+  return checked_int(member(object, name, path), path / name, lo, hi);
 }
 
 bool get_bool(const json& object, const char* name, const Path& path) {
@@ -69,12 +81,10 @@ bool get_bool(const json& object, const char* name, const Path& path) {
 std::pair<int, int> get_range(const json& object, const char* name, const Path& path, int lo,
                               int hi) {
   const json& v = member(object, name, path);
-  if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
-    (path / name).fail("must be [min, max] (integers)");
-  const int a = v[0].get<int>();
-  const int b = v[1].get<int>();
-  if (a < lo || b > hi || a > b)
-    (path / name).fail("[{}, {}] is not inside [{}, {}]", a, b, lo, hi);
+  if (!v.is_array() || v.size() != 2) (path / name).fail("must be [min, max] (integers)");
+  const auto a = static_cast<int>(checked_int(v[0], (path / name)[0], lo, hi));
+  const auto b = static_cast<int>(checked_int(v[1], (path / name)[1], lo, hi));
+  if (a > b) (path / name).fail("[{}, {}]: min is above max", a, b);
   return {a, b};
 }
 
@@ -83,11 +93,10 @@ bool is_power_of_two(std::int64_t x) {
 }
 
 int arch_number(const std::string& arch, const Path& path) {
-  int cc = 0;
-  char extra = 0;
-  if (std::sscanf(arch.c_str(), "sm_%d%c", &cc, &extra) != 1 || cc < 80)
+  const auto cc = parse::compute_capability(arch);
+  if (!cc || *cc < 80 || arch.back() == 'a' || arch.back() == 'f')
     (path / "arch").fail("'{}' is not an arch such as sm_90 (sm_80 or newer)", arch);
-  return cc;
+  return *cc;
 }
 
 Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
@@ -207,7 +216,7 @@ ScheduleTable parse_schedule_table(std::string_view json_text, const std::string
   json doc;
   try {
     doc = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // syntax errors, and numbers such as 1e999
     top.fail("not valid JSON ({})", e.what());
   }
   if (!doc.is_object()) top.fail("must be a JSON object");
@@ -295,8 +304,8 @@ void ScheduleSet::add(ScheduleTable table) {
 
 const ScheduleTable* ScheduleSet::table_for(const std::string& arch) const {
   if (tables_.empty()) return nullptr;
-  int cc = 0;
-  std::sscanf(arch.c_str(), "sm_%d", &cc);
+  // "sm_90a" serves as sm_90; anything unreadable as the oldest arch.
+  const int cc = parse::compute_capability(arch).value_or(0);
   auto it = tables_.upper_bound(cc);  // first table newer than the arch
   if (it == tables_.begin()) return &it->second;
   return &std::prev(it)->second;
