@@ -2,6 +2,7 @@
 #include "fake_driver.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "csa_params.h"
 
@@ -62,8 +63,16 @@ CUresult CUDAAPI fake_stream_is_capturing(CUstream, CUstreamCaptureStatus* statu
   *status = state().capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI fake_library_load_data(CUlibrary* lib, const void*, CUjit_option*, void**,
+CUresult CUDAAPI fake_library_load_data(CUlibrary* lib, const void* image, CUjit_option*, void**,
                                         unsigned, CUlibraryOption*, void**, unsigned) {
+  // As the driver does, an image that is not an ELF cubin is refused.
+  if (std::memcmp(image,
+                  "\x7f"
+                  "ELF",
+                  4) != 0) {
+    ++state().refused_loads;
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
   ++state().library_loads;
   *lib = reinterpret_cast<CUlibrary>(0x2000);
   return CUDA_SUCCESS;
@@ -161,6 +170,15 @@ CUresult CUDAAPI fake_error_name(CUresult, const char** s) {
 
 }  // namespace
 
+// Every entry point the fake does not model answers CUDA_ERROR_NOT_SUPPORTED: no call through
+// the table is ever a null function pointer.
+template <typename Fn>
+struct NotSupported;
+template <typename... Args>
+struct NotSupported<CUresult(CUDAAPI*)(Args...)> {
+  static CUresult CUDAAPI call(Args...) { return CUDA_ERROR_NOT_SUPPORTED; }
+};
+
 driver::Api fake_api() {
   driver::Api api;
   api.cuCtxGetCurrent = fake_ctx_get_current;
@@ -186,6 +204,10 @@ driver::Api fake_api() {
   api.cuMemsetD32Async = fake_memset;
   api.cuGetErrorName = fake_error_name;
   api.cuGetErrorString = fake_error_name;
+#define CSA_FAKE_UNMODELLED(name, ver) \
+  if (api.name == nullptr) api.name = &NotSupported<PFN_##name##_v##ver>::call;
+  CSA_DRIVER_FUNCTIONS(CSA_FAKE_UNMODELLED)
+#undef CSA_FAKE_UNMODELLED
   return api;
 }
 

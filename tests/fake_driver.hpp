@@ -21,6 +21,7 @@ namespace csa::test {
 struct FakeState {
   std::atomic<bool> capturing{false};
   std::atomic<int> library_loads{0};
+  std::atomic<int> refused_loads{0};  // images that are not ELF cubins
   std::atomic<int> launches{0};
   std::atomic<int> allocations{0};  // on callers' streams
   std::atomic<int> memsets{0};      // on callers' streams
@@ -50,8 +51,9 @@ driver::Api fake_api();
 // A Runtime's parts around the fake driver; the kernels are really compiled (NVRTC needs no
 // GPU) and kept in memory.
 struct FakeRuntime : Runtime::Impl {
-  explicit FakeRuntime(bool jit = true)
-      : Runtime::Impl(options(jit), std::make_unique<driver::Driver>(fake_api())) {}
+  explicit FakeRuntime(bool jit = true) : FakeRuntime(options(jit)) {}
+  explicit FakeRuntime(RuntimeOptions o)
+      : Runtime::Impl(std::move(o), std::make_unique<driver::Driver>(fake_api())) {}
   static RuntimeOptions options(bool jit) {
     RuntimeOptions o;
     o.disk_cache = false;
@@ -75,6 +77,7 @@ class FakeDriver : public ::testing::Test {
   void SetUp() override {
     state().capturing = false;
     state().library_loads = 0;
+    state().refused_loads = 0;
     state().launches = 0;
     state().allocations = 0;
     state().memsets = 0;

@@ -13,54 +13,11 @@
 #include "cache/entry.hpp"
 #include "cache/key.hpp"
 #include "cache/once_map.hpp"
+#include "cache_test_util.hpp"
 #include "csa/csa.hpp"
-
-namespace fs = std::filesystem;
 
 namespace csa::test {
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/csa-cache-test-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-RuntimeOptions options_for(const fs::path& dir) {
-  RuntimeOptions o;
-  o.cache_dir = dir.string();
-  o.disk_cache = true;
-  return o;
-}
-
-const Config kConfig{2, 8, 1};  // small and quick to compile
-
-std::vector<fs::path> files_with(const fs::path& dir, const std::string& needle) {
-  std::vector<fs::path> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename().string().find(needle) != std::string::npos) out.push_back(e.path());
-  return out;
-}
-
-nvrtc::CompileRequest request() {
-  nvrtc::CompileRequest r;
-  r.source = "#include \"short_window.cuh\"\n";
-  r.name_expressions = {"csa_kernel::short_window_forward<2,1,8,2,256>"};
-  r.options = {"-std=c++17", "--fmad=false"};
-  r.arch = "sm_90";
-  return r;
-}
 
 TEST(CacheKey, StableAndSensitiveToEveryInput) {
   const auto a = cache::make_key("x", request(), "sources");
@@ -91,21 +48,21 @@ TEST(CacheEntry, RoundTripsAndRejectsDamage) {
   cache::CubinEntry entry{{'\x7f', 'E', 'L', 'F', 1, 2, 3}, {"_Z3foo"}, "ptxas log"};
   const auto bytes = cache::encode_entry(key, entry);
   std::string why;
-  auto back = cache::decode_entry(bytes, key, &why);
+  auto back = cache::decode_entry(bytes, key, 1, &why);
   ASSERT_TRUE(back) << why;
   EXPECT_EQ(back->cubin, entry.cubin);
   EXPECT_EQ(back->lowered_names, entry.lowered_names);
   EXPECT_EQ(back->log, entry.log);
   for (std::size_t cut : {std::size_t{0}, std::size_t{5}, bytes.size() / 2, bytes.size() - 1}) {
     std::vector<char> truncated(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(cut));
-    EXPECT_FALSE(cache::decode_entry(truncated, key, &why)) << cut;
+    EXPECT_FALSE(cache::decode_entry(truncated, key, 1, &why)) << cut;
   }
   for (std::size_t pos : {std::size_t{3}, std::size_t{20}, bytes.size() - 12, bytes.size() - 2}) {
     auto flipped = bytes;
     flipped[pos] ^= 0x40;
-    EXPECT_FALSE(cache::decode_entry(flipped, key, &why)) << pos;
+    EXPECT_FALSE(cache::decode_entry(flipped, key, 1, &why)) << pos;
   }
-  EXPECT_FALSE(cache::decode_entry(bytes, cache::make_key("x", request(), "other"), &why));
+  EXPECT_FALSE(cache::decode_entry(bytes, cache::make_key("x", request(), "other"), 1, &why));
   EXPECT_NE(why.find("another key"), std::string::npos);
 }
 
@@ -236,7 +193,6 @@ TEST(DiskCache, ClearRemovesEntries) {
   TempDir dir;
   Runtime rt(options_for(dir.path()));
   rt.compile_for_arch(kConfig, "sm_90");
-  std::ofstream(dir.path() / "stale.cubin.tmp.1.2") << "partial";
   EXPECT_EQ(rt.clear_disk_cache(), 1);
   EXPECT_TRUE(files_with(dir.path(), ".cubin").empty());
 }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache_test_util.hpp"
 #include "fake_driver.hpp"
 #include "schedule/short_window.hpp"
 
@@ -65,6 +66,28 @@ TEST_F(FakeDriver, JitDisabledTurnsAColdKeyIntoAnError) {
     EXPECT_EQ(e.code(), Status::kJitDisabled);
   }
   EXPECT_EQ(state().launches, 0);
+}
+
+TEST_F(FakeDriver, CachedCubinTheDriverRefusesIsRebuilt) {
+  TempDir dir;
+  RuntimeOptions o = FakeRuntime::options(true);
+  o.disk_cache = true;
+  o.cache_dir = dir.path().string();
+  { FakeRuntime(o).service.prewarm(kShort, 0, Family::kAuto); }
+  const auto entries = files_with(dir.path(), ".cubin");
+  ASSERT_EQ(entries.size(), 1u);
+  // Checksum-valid, but no cubin the driver can load.
+  const EntryParts parts = split_entry(read_bytes(entries[0]));
+  write_bytes(entries[0], forge(parts.header, {'n', 'o', 't', ' ', 'E', 'L', 'F'}));
+  SetUp();
+  FakeRuntime rt(o);
+  const PrewarmReport r = rt.service.prewarm(kShort, 0, Family::kAuto);
+  EXPECT_TRUE(r.compiled);
+  EXPECT_EQ(state().refused_loads, 1);
+  EXPECT_EQ(state().library_loads, 1);
+  EXPECT_EQ(split_entry(read_bytes(entries[0])).cubin, parts.cubin) << "the entry was not mended";
+  rt.service.forward(forward_args(kShort), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 1);
 }
 
 TEST_F(FakeDriver, LongWindowGridCoversEveryRowAndColumnSlice) {

@@ -115,12 +115,19 @@ struct BackwardArgs {
 };
 
 struct CSA_API RuntimeOptions {
-  std::string cache_dir;      // empty: $CSA_CACHE_DIR, $XDG_CACHE_HOME/csa, ~/.cache/csa
-  bool disk_cache = true;     // false: memory only
+  std::string cache_dir;   // empty: $CSA_CACHE_DIR, $XDG_CACHE_HOME/csa, ~/.cache/csa
+  bool disk_cache = true;  // false: memory only
+  // Read-only cache layers searched after cache_dir, in order ($CSA_CACHE_PATH, a ':'
+  // separated list); the prebuilt kernels installed with the library are searched last.
+  std::vector<std::string> cache_layers;
+  std::int64_t cache_max_bytes = std::int64_t{4} << 30;  // bound of cache_dir's entries
   bool jit_enabled = true;    // false: a cache miss is an error (kJitDisabled)
   bool ptxas_verbose = true;  // keep the ptxas resource report of every compile
   bool line_info = false;     // compile with -lineinfo (part of the cache key)
   std::string log_level;      // spdlog level name; empty: warn
+  // What from_environment() could not use (a value of the wrong form), logged as warnings by
+  // the Runtime built from these options.
+  std::vector<std::string> warnings;
 
   // The options above read from the CSA_* environment variables (README has the table).
   static RuntimeOptions from_environment();
@@ -143,11 +150,22 @@ struct DriverInfo {
   std::vector<DeviceInfo> devices;
 };
 
-struct CacheInfo {
+// One directory the kernel cache searches.
+struct CacheLayer {
   std::string directory;
-  bool persistent = false;  // false: memory only (unset, disabled or unwritable)
+  bool read_only_layer = false;  // a layer of cache_layers / the prebuilt kernels: never written
+  std::string state;             // "writable", "read-only", "absent ...", "refused: <why>"
   std::int64_t entries = 0;
   std::int64_t bytes = 0;
+};
+
+struct CacheInfo {
+  std::string directory;     // the directory csa writes to
+  bool persistent = false;   // false: memory only (unset, disabled, refused or read-only)
+  std::int64_t entries = 0;  // in that directory and in memory
+  std::int64_t bytes = 0;
+  std::int64_t max_bytes = 0;      // the directory's bound (least recently used entries go)
+  std::vector<CacheLayer> layers;  // search order; the first is `directory` (when set)
 };
 
 // One module (all kernels of a configuration for one arch) made ready by prewarm.
@@ -156,6 +174,7 @@ struct PrewarmReport {
   std::string arch;
   std::string key;        // cache key (hex)
   bool compiled = false;  // false: found in the disk cache
+  std::string source;     // where the cubin was read from or stored: a directory, or "memory"
   double seconds = 0.0;
   int kernels = 0;
   int max_registers = -1;  // from the ptxas report, -1 if none
@@ -251,6 +270,11 @@ CSA_API void backward(const BackwardArgs& args, Stream stream);
 CSA_API const char* version() noexcept;
 CSA_API std::string nvrtc_version();
 CSA_API std::vector<std::string> supported_archs();  // NVRTC targets, e.g. "sm_90"
+
+// The checks of a call's configuration and sizes that forward() and backward() make before
+// anything else (no pointers): throws Error(kInvalidArgument) naming the value.
+CSA_API void validate_shape(const Config& config, std::int64_t total_tokens,
+                            std::int32_t num_segments, std::int64_t total_comp);
 
 // Parses and validates a schedule table without installing it (throws Error).
 CSA_API void validate_schedule_table(std::string_view json_text, std::string_view source_name);

@@ -1,5 +1,7 @@
 #include <cstring>
+#include <limits>
 #include <mutex>
+#include <sstream>
 
 #include "api/runtime_impl.hpp"
 #include "common/env.hpp"
@@ -11,11 +13,20 @@ namespace csa {
 
 RuntimeOptions RuntimeOptions::from_environment() {
   RuntimeOptions o;
+  auto& w = o.warnings;
   o.cache_dir = env::get("CSA_CACHE_DIR").value_or("");
-  o.disk_cache = !env::flag("CSA_DISABLE_DISK_CACHE", false);
-  o.jit_enabled = !env::flag("CSA_DISABLE_JIT", false);
-  o.ptxas_verbose = env::flag("CSA_PTXAS_VERBOSE", true);
-  o.line_info = env::flag("CSA_LINEINFO", false);
+  o.disk_cache = !env::flag("CSA_DISABLE_DISK_CACHE", false, w);
+  if (const auto path = env::get("CSA_CACHE_PATH")) {
+    std::string item;
+    std::istringstream in(*path);
+    while (std::getline(in, item, ':'))
+      if (!item.empty()) o.cache_layers.push_back(item);
+  }
+  o.cache_max_bytes = env::integer("CSA_CACHE_MAX_BYTES", 1,
+                                   std::numeric_limits<std::int64_t>::max(), o.cache_max_bytes, w);
+  o.jit_enabled = !env::flag("CSA_DISABLE_JIT", false, w);
+  o.ptxas_verbose = env::flag("CSA_PTXAS_VERBOSE", true, w);
+  o.line_info = env::flag("CSA_LINEINFO", false, w);
   o.log_level = env::get("CSA_LOG_LEVEL").value_or("");
   return o;
 }
@@ -102,6 +113,11 @@ std::vector<std::string> Runtime::schedule_table_archs() {
   std::vector<std::string> out;
   for (const auto& [cc, table] : impl_->service.schedules()->tables()) out.push_back(table.arch);
   return out;
+}
+
+void validate_shape(const Config& config, std::int64_t total_tokens, std::int32_t num_segments,
+                    std::int64_t total_comp) {
+  compressor::validate_sizes(config, total_tokens, num_segments, total_comp);
 }
 
 void validate_schedule_table(std::string_view json_text, std::string_view source_name) {

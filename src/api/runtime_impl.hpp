@@ -20,13 +20,20 @@ struct Runtime::Impl {
       : options(std::move(opts)),
         logger(make_logger(options.log_level)),
         compiler(compressor::kernel_headers()),
-        disk(options.disk_cache ? (options.cache_dir.empty() ? cache::DiskCache::default_directory()
-                                                             : options.cache_dir)
-                                : std::string(),
-             *logger),
+        disk(disk_options(options, *logger), *logger),
         store(disk, compiler, options.jit_enabled, *logger),
         loader(std::move(injected)),
         service(options, *logger, store, loader) {}
+
+  static cache::DiskCacheOptions disk_options(const RuntimeOptions& o, Logger& logger) {
+    for (const auto& warning : o.warnings) logger.warn("{}", warning);
+    cache::DiskCacheOptions d;
+    if (!o.disk_cache) return d;
+    d.directory = o.cache_dir.empty() ? cache::DiskCache::default_directory() : o.cache_dir;
+    d.read_only = o.cache_layers;
+    d.max_bytes = o.cache_max_bytes;
+    return d;
+  }
 
   RuntimeOptions options;
   std::shared_ptr<Logger> logger;

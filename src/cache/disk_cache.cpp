@@ -1,16 +1,15 @@
 #include "cache/disk_cache.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <random>
+#include <regex>
 
 #include "common/env.hpp"
+#include "common/error.hpp"
 
 namespace csa::cache {
 
@@ -19,66 +18,59 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kSuffix = ".cubin";
+// A temp file younger than this may belong to a writer that is still running: never removed.
+constexpr auto kStaleTempAge = std::chrono::hours(1);
 
-// mkdir -p with mode 0700 for every directory it creates.
-bool make_private_dirs(const fs::path& dir, std::string* why) {
-  fs::path partial;
-  for (const auto& part : dir) {
-    partial /= part;
-    if (partial.empty() || partial == partial.root_path()) continue;
-    if (::mkdir(partial.c_str(), 0700) != 0 && errno != EEXIST) {
-      *why = fmt::format("cannot create {}: {}", partial.string(), std::strerror(errno));
-      return false;
-    }
-  }
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    *why = fmt::format("{} is not a directory", dir.string());
-    return false;
-  }
-  // NOTE: we load executable code from here; a directory others can write to is refused.
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
-    *why = fmt::format("{} is writable by group or others", dir.string());
-    return false;
-  }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    *why = fmt::format("{} is not writable: {}", dir.string(), std::strerror(errno));
-    return false;
-  }
-  return true;
+const std::regex& entry_pattern() {
+  static const std::regex pattern("[A-Za-z0-9_.-]+-[0-9a-f]{32}\\.cubin");
+  return pattern;
 }
 
-bool read_file(const std::string& path, std::vector<char>& bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return !in.bad();
+const std::regex& temp_pattern() {
+  static const std::regex pattern(
+      "[A-Za-z0-9_.-]+-[0-9a-f]{32}\\.cubin\\.tmp\\.[0-9]+\\.[0-9a-f]{8}");
+  return pattern;
 }
 
-// Writes all of `bytes` to a new file and fsyncs it; false (errno kept) on failure.
-bool write_and_sync(const std::string& path, const std::vector<char>& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      return false;
-    }
-    done += static_cast<std::size_t>(n);
+std::string make_temp_name(const std::string& name) {
+  thread_local std::mt19937 random(std::random_device{}());
+  return fmt::format("{}.tmp.{}.{:08x}", name, ::getpid(), random());
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Usage {
+  std::int64_t entries = 0;
+  std::int64_t bytes = 0;
+};
+
+Usage usage_of(const TrustedDir& dir) {
+  Usage u;
+  for (const auto& f : dir.list()) {
+    if (!f.regular || !is_entry_file_name(f.name)) continue;
+    ++u.entries;
+    u.bytes += f.bytes;
   }
-  const bool ok = ::fsync(fd) == 0;
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  return ok;
+  return u;
 }
 
 }  // namespace
+
+std::string entry_file_name(const CacheKey& key) {
+  return key.label + "-" + key.hash + kSuffix;
+}
+
+bool is_entry_file_name(const std::string& name) {
+  return std::regex_match(name, entry_pattern());
+}
+
+bool is_temp_file_name(const std::string& name) {
+  return std::regex_match(name, temp_pattern());
+}
 
 std::string DiskCache::default_directory() {
   if (auto dir = env::get("CSA_CACHE_DIR")) return *dir;
@@ -87,89 +79,187 @@ std::string DiskCache::default_directory() {
   return {};
 }
 
-DiskCache::DiskCache(std::string directory, Logger& logger)
-    : directory_(std::move(directory)), logger_(logger) {
-  if (directory_.empty()) return;
-  std::string why;
-  if (make_private_dirs(directory_, &why)) {
-    persistent_ = true;
-  } else {
-    fall_back_to_memory(why);
+DiskCache::DiskCache(DiskCacheOptions options, Logger& logger)
+    : options_(std::move(options)), logger_(logger) {
+  if (!options_.directory.empty()) {
+    // Opened now if it exists (and checked once, on the descriptor); created on the first store
+    // otherwise, so that read-only commands create nothing.
+    bool absent = false;
+    std::string why;
+    primary_ = TrustedDir::open(options_.directory, Owner::kCurrentUser, false, &why, &absent);
+    if (!primary_ && !absent) primary_refused_ = why;
+    if (primary_ && !primary_->writable()) {
+      logger_.info("kernel cache directory {} is read-only: it serves loads only",
+                   options_.directory);
+    }
+    if (!primary_refused_.empty()) warn_memory_only(primary_refused_);
+  }
+  for (const auto& path : options_.read_only) {
+    if (path.empty()) continue;
+    std::string why;
+    bool absent = false;
+    auto layer = TrustedDir::open(path, Owner::kCurrentUserOrRoot, false, &why, &absent);
+    if (layer) {
+      layers_.push_back(std::move(layer));
+      continue;
+    }
+    refused_layers_.emplace_back(path, absent ? "absent" : "refused: " + why);
+    if (absent) {
+      logger_.debug("read-only kernel cache layer {} does not exist", path);
+    } else {
+      logger_.warn("read-only kernel cache layer refused ({}); it is not searched", why);
+    }
   }
 }
 
-void DiskCache::fall_back_to_memory(const std::string& why) {
-  persistent_ = false;
+void DiskCache::warn_memory_only(const std::string& why) {
   std::call_once(warned_, [&] {
     logger_.warn("kernel cache directory unusable ({}); compiled kernels are kept in memory only",
                  why);
   });
 }
 
-std::string DiskCache::path_of(const CacheKey& key) const {
-  return (fs::path(directory_) / (key.label + "-" + key.hash + kSuffix)).string();
+const TrustedDir* DiskCache::writable_dir() {
+  std::lock_guard<std::mutex> lock(dir_mutex_);
+  if (!primary_ && primary_refused_.empty() && !primary_tried_ && !options_.directory.empty()) {
+    primary_tried_ = true;
+    std::string why;
+    primary_ = TrustedDir::open(options_.directory, Owner::kCurrentUser, true, &why);
+    if (!primary_) primary_refused_ = why;
+  }
+  return primary_ ? primary_.get() : nullptr;
 }
 
-std::optional<CubinEntry> DiskCache::load(const CacheKey& key) {
+bool DiskCache::persistent() const {
+  std::lock_guard<std::mutex> lock(dir_mutex_);
+  if (options_.directory.empty() || !primary_refused_.empty()) return false;
+  return primary_ ? primary_->writable() : !primary_tried_;
+}
+
+std::optional<DiskCache::Hit> DiskCache::load(const CacheKey& key, std::size_t kernels,
+                                              const EntryCheck& check) {
   {
     std::lock_guard<std::mutex> lock(memory_mutex_);
     auto it = memory_.find(key.hash);
-    if (it != memory_.end()) return it->second;
+    if (it != memory_.end()) return Hit{it->second, "memory"};
   }
-  if (!persistent()) return std::nullopt;
-  const std::string path = path_of(key);
-  std::vector<char> bytes;
-  if (!read_file(path, bytes)) return std::nullopt;
-  std::string why;
-  auto entry = decode_entry(bytes, key, &why);
-  if (!entry) {
-    logger_.warn("discarding cache entry {}: {}; it will be rebuilt", path, why);
-    ::unlink(path.c_str());
-    return std::nullopt;
+  const std::string name = entry_file_name(key);
+  const TrustedDir* primary = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(dir_mutex_);
+    primary = primary_.get();
   }
-  logger_.debug("cache hit {}", path);
-  return entry;
+  std::vector<const TrustedDir*> search;
+  if (primary != nullptr) search.push_back(primary);
+  for (const auto& layer : layers_) search.push_back(layer.get());
+  for (const TrustedDir* dir : search) {
+    std::vector<char> bytes;
+    std::string why;
+    const bool ours = dir == primary && dir->writable();
+    const TrustedDir::Read read = dir->read(name, kMaxEntryBytes, ours, bytes, &why);
+    if (read == TrustedDir::Read::kMissing) continue;
+    std::optional<CubinEntry> entry;
+    if (read == TrustedDir::Read::kOk) entry = decode_entry(bytes, key, kernels, &why);
+    if (entry && check) {
+      why = check(*entry);
+      if (!why.empty()) entry.reset();
+    }
+    if (entry) {
+      logger_.debug("cache hit {}/{}", dir->path(), name);
+      return Hit{std::move(*entry), dir->path()};
+    }
+    if (ours) {
+      logger_.warn("discarding cache entry {}/{}: {}; it will be rebuilt", dir->path(), name, why);
+      dir->remove(name);
+    } else {
+      logger_.warn("ignoring cache entry {}/{}: {}", dir->path(), name, why);
+    }
+  }
+  return std::nullopt;
 }
 
-void DiskCache::store(const CacheKey& key, const CubinEntry& entry) {
-  if (persistent()) {
-    const std::string path = path_of(key);
-    std::random_device rd;
-    const std::string tmp = fmt::format("{}.tmp.{}.{:08x}", path, ::getpid(), rd());
-    const std::vector<char> bytes = encode_entry(key, entry);
-    // NOTE: rename() within one directory is atomic on POSIX file systems: a reader sees the old
-    // file, the new one, or none, never a partial one. Racing writers each publish a complete
-    // entry (identical bytes: compiles are reproducible); the last rename wins, and every
-    // writer's temp file is gone with its own rename.
-    if (write_and_sync(tmp, bytes) && ::rename(tmp.c_str(), path.c_str()) == 0) {
-      const int dir_fd = ::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dir_fd >= 0) {
-        ::fsync(dir_fd);
-        ::close(dir_fd);
-      }
-      logger_.debug("cache store {}", path);
-      return;
+std::string DiskCache::store(const CacheKey& key, const CubinEntry& entry) {
+  if (!options_.directory.empty()) {
+    std::string why;
+    const TrustedDir* dir = writable_dir();
+    const std::string name = entry_file_name(key);
+    if (dir == nullptr) {
+      std::lock_guard<std::mutex> lock(dir_mutex_);
+      why = primary_refused_;
+    } else if (!dir->writable()) {
+      why = fmt::format("{} is read-only", dir->path());
+    } else if (dir->publish(name, encode_entry(key, entry), make_temp_name, &why)) {
+      logger_.debug("cache store {}/{}", dir->path(), name);
+      evict_beyond_bound(*dir, name);
+      return dir->path();
     }
-    const std::string why = fmt::format("cannot write {}: {}", tmp, std::strerror(errno));
-    ::unlink(tmp.c_str());
-    fall_back_to_memory(why);
+    warn_memory_only(why);
   }
   std::lock_guard<std::mutex> lock(memory_mutex_);
   memory_[key.hash] = entry;
+  return "memory";
+}
+
+void DiskCache::evict_beyond_bound(const TrustedDir& dir, const std::string& keep) {
+  std::vector<TrustedDir::File> entries;
+  std::int64_t total = 0;
+  for (auto& f : dir.list()) {
+    if (!f.regular || !is_entry_file_name(f.name)) continue;
+    total += f.bytes;
+    entries.push_back(std::move(f));
+  }
+  if (total <= options_.max_bytes) return;
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.mtime_ns < b.mtime_ns; });
+  for (const auto& f : entries) {
+    if (total <= options_.max_bytes) break;
+    if (f.name == keep) continue;
+    if (dir.remove(f.name)) {
+      total -= f.bytes;
+      logger_.info("evicted cache entry {}/{} (the cache holds at most {} bytes)", dir.path(),
+                   f.name, options_.max_bytes);
+    }
+  }
 }
 
 CacheInfo DiskCache::info() const {
   CacheInfo info;
-  info.directory = directory_;
-  info.persistent = persistent_;
-  if (persistent_) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(directory_, ec)) {
-      if (e.is_regular_file(ec) && e.path().extension() == kSuffix) {
-        ++info.entries;
-        info.bytes += static_cast<std::int64_t>(e.file_size(ec));
-      }
+  info.directory = options_.directory;
+  info.persistent = persistent();
+  info.max_bytes = options_.max_bytes;
+  if (!options_.directory.empty()) {
+    CacheLayer layer;
+    layer.directory = options_.directory;
+    std::lock_guard<std::mutex> lock(dir_mutex_);
+    if (primary_) {
+      const Usage u = usage_of(*primary_);
+      layer.entries = u.entries;
+      layer.bytes = u.bytes;
+      layer.state = primary_->writable() ? "writable" : "read-only";
+    } else {
+      layer.state = primary_refused_.empty() ? "absent (created on the first compile)"
+                                             : "refused: " + primary_refused_;
     }
+    info.entries += layer.entries;
+    info.bytes += layer.bytes;
+    info.layers.push_back(std::move(layer));
+  }
+  for (const auto& dir : layers_) {
+    CacheLayer layer;
+    layer.directory = dir->path();
+    layer.read_only_layer = true;
+    layer.state = "read-only";
+    const Usage u = usage_of(*dir);
+    layer.entries = u.entries;
+    layer.bytes = u.bytes;
+    info.layers.push_back(std::move(layer));
+  }
+  for (const auto& [path, state] : refused_layers_) {
+    CacheLayer layer;
+    layer.directory = path;
+    layer.read_only_layer = true;
+    layer.state = state;
+    info.layers.push_back(std::move(layer));
   }
   std::lock_guard<std::mutex> lock(memory_mutex_);
   for (const auto& [hash, entry] : memory_) {
@@ -186,13 +276,32 @@ std::int64_t DiskCache::clear() {
     removed += static_cast<std::int64_t>(memory_.size());
     memory_.clear();
   }
-  if (directory_.empty()) return removed;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(directory_, ec)) {
-    const std::string name = e.path().filename().string();
-    const bool entry = e.path().extension() == kSuffix;
-    const bool temp = name.find(std::string(kSuffix) + ".tmp.") != std::string::npos;
-    if ((entry || temp) && fs::remove(e.path(), ec) && entry) ++removed;
+  if (options_.directory.empty()) return removed;
+  const TrustedDir* dir = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(dir_mutex_);
+    if (!primary_refused_.empty()) {
+      fail(Status::kCacheError, "refusing to clear the kernel cache directory: {}",
+           primary_refused_);
+    }
+    dir = primary_.get();
+  }
+  if (dir == nullptr) return removed;  // absent: nothing to clear
+  if (!dir->writable()) {
+    fail(Status::kCacheError, "cannot clear the kernel cache directory {}: it is read-only",
+         dir->path());
+  }
+  const std::int64_t stale_before =
+      now_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(kStaleTempAge).count();
+  for (const auto& f : dir->list()) {
+    if (!f.regular) continue;
+    if (is_entry_file_name(f.name)) {
+      // NOTE: a name of csa's form is not enough: only files that are csa entries go.
+      if (dir->starts_with(f.name, entry_magic(), kEntryMagicBytes) && dir->remove(f.name))
+        ++removed;
+    } else if (is_temp_file_name(f.name) && f.mtime_ns < stale_before) {
+      dir->remove(f.name);  // a writer that died before its rename
+    }
   }
   return removed;
 }

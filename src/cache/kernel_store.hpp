@@ -14,6 +14,7 @@ struct StoredCubin {
   CubinEntry entry;
   bool compiled = false;  // by NVRTC (false: read from disk)
   double seconds = 0.0;   // compile or read time
+  std::string source;     // the directory it was read from or stored in, or "memory"
 };
 
 class KernelStore {
@@ -26,9 +27,17 @@ class KernelStore {
   std::shared_ptr<const StoredCubin> get(const CacheKey& key, const nvrtc::CompileRequest& request,
                                          bool* compiled = nullptr);
 
+  // For a cubin read from disk that the driver refuses to load: compiles it again (replacing
+  // the disk entry) and serves that from now on. Throws as get() does.
+  std::shared_ptr<const StoredCubin> rebuild(const CacheKey& key,
+                                             const nvrtc::CompileRequest& request);
+
   DiskCache& disk() { return disk_; }
 
  private:
+  std::shared_ptr<const StoredCubin> compile(const CacheKey& key,
+                                             const nvrtc::CompileRequest& request);
+
   DiskCache& disk_;
   const nvrtc::Compiler& compiler_;
   bool jit_enabled_;

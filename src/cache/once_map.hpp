@@ -46,6 +46,15 @@ class OnceMap {
     return future.get();
   }
 
+  // Drops a computed value, so that the next caller computes it again (a pending one stays).
+  void forget(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() &&
+        it->second.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+      entries_.erase(it);
+  }
+
   bool contains(const std::string& key) const {
     std::lock_guard<std::mutex> lock(mutex_);
     return entries_.count(key) != 0;

@@ -33,6 +33,7 @@ PrewarmReport report_of(const Config& config, const std::string& arch, const std
   r.arch = arch;
   r.key = key;
   r.compiled = compiled;
+  r.source = cubin.source;
   r.seconds = seconds;
   r.kernels = static_cast<int>(cubin.entry.lowered_names.size());
   r.ptxas_log = cubin.entry.log;
@@ -59,9 +60,11 @@ Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelSto
       loader_(loader),
       compile_options_{options.ptxas_verbose, options.line_info},
       schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")),
-      fast_launch_(env::flag("CSA_FAST_LAUNCH", true)),
-      programmatic_launch_(env::flag("CSA_PROGRAMMATIC_LAUNCH", true)),
       scratch_(loader, logger) {
+  std::vector<std::string> warnings;
+  fast_launch_ = env::flag("CSA_FAST_LAUNCH", true, warnings);
+  programmatic_launch_ = env::flag("CSA_PROGRAMMATIC_LAUNCH", true, warnings);
+  for (const auto& warning : warnings) logger_.warn("{}", warning);
   auto set = std::make_shared<schedule::ScheduleSet>(schedule::ScheduleSet::embedded());
   if (const auto file = env::get("CSA_SCHEDULE_FILE")) {
     std::ifstream in(*file, std::ios::binary);
@@ -171,6 +174,22 @@ int Service::current_device() {
   return static_cast<int>(dev);
 }
 
+std::shared_ptr<const cache::LoadedModule> Service::load_module(const ModuleSpec& spec,
+                                                                bool* compiled) {
+  auto cubin = store_.get(spec.key, spec.request, compiled);
+  try {
+    return modules().get(spec.key, cubin);
+  } catch (const Error& e) {
+    if (cubin->compiled || e.code() != Status::kDriverError) throw;
+    // A checksum-valid cache entry whose cubin the driver refuses: rebuilt once.
+    logger_.warn("the driver refused the cached cubin of {} ({}); rebuilding it", spec.key.label,
+                 e.what());
+    cubin = store_.rebuild(spec.key, spec.request);
+    if (compiled != nullptr) *compiled = true;
+    return modules().get(spec.key, cubin);
+  }
+}
+
 std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family family, int device,
                                                  bool* compiled) {
   check_family(config, family);  // a bad configuration is reported before any driver use
@@ -187,8 +206,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
     const ModuleSpec spec =
         long_window_spec(config, prepared->device.arch, *set, &forward, &backward, &slots);
     prepared->key = spec.key.hash;
-    auto cubin = store_.get(spec.key, spec.request, compiled);
-    prepared->module = modules().get(spec.key, cubin);
+    prepared->module = load_module(spec, compiled);
     prepare_long_window(*prepared, *set, forward, backward, slots);
     logger_.debug("prepared {} on device {} ({}): long-window, {} forward and {} backward kernels",
                   config_label(config), device, prepared->device.arch, forward.size(),
@@ -199,8 +217,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   const ModuleSpec spec = make_module_spec(config, resolved, prepared->schedule,
                                            prepared->device.arch, compile_options_);
   prepared->key = spec.key.hash;
-  auto cubin = store_.get(spec.key, spec.request, compiled);
-  prepared->module = modules().get(spec.key, cubin);
+  prepared->module = load_module(spec, compiled);
   logger_.debug("prepared {} on device {} ({}): {}", config_label(config), device,
                 prepared->device.arch, prepared->schedule.describe());
   if (resolved == Family::kShortWindow) {
@@ -443,8 +460,9 @@ OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* 
   if (cu == nullptr || cuc == nullptr)
     fail(Status::kInvalidArgument,
          "check_offsets: cu_seqlens and cu_seqlens_comp must not be null");
-  if (num_segments < 0 || ratio < 1 || total_tokens < 0 || total_comp < 0 ||
-      total_tokens >= (std::int64_t{1} << 31) || total_comp >= (std::int64_t{1} << 31)) {
+  if (num_segments < 0 || num_segments > kMaxSegments || ratio < 1 || ratio > kMaxRatio ||
+      total_tokens < 0 || total_comp < 0 || total_tokens >= (std::int64_t{1} << 31) ||
+      total_comp >= (std::int64_t{1} << 31)) {
     fail(Status::kInvalidArgument,
          "check_offsets: num_segments {}, ratio {}, total_tokens {}, total_comp {} out of range",
          num_segments, ratio, total_tokens, total_comp);
@@ -454,7 +472,7 @@ OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* 
                                "4,2,128");
   const DeviceTraits t = device_traits(current_device());
   const ModuleSpec spec = make_utility_spec(t.arch, compile_options_);
-  auto module = modules().get(spec.key, store_.get(spec.key, spec.request));
+  auto module = load_module(spec, nullptr);
   StreamScratch report(d, 2 * sizeof(std::int32_t), stream);
   csa_kernel::OffsetCheckParams params{};
   params.cu_seqlens = cu;

@@ -109,6 +109,8 @@ class Service {
   std::shared_ptr<const Prepared> prepare(const Config& config, Family family, int device,
                                           bool* compiled);
   cache::ModuleCache& modules();
+  // The module of `spec` loaded on the driver (compiled or read from the cache first).
+  std::shared_ptr<const cache::LoadedModule> load_module(const ModuleSpec& spec, bool* compiled);
   schedule::ShortWindowSchedule schedule_for(const Config& config) const;
   ModuleSpec long_window_spec(const Config& config, const std::string& arch,
                               const schedule::ScheduleSet& set,
