@@ -45,6 +45,21 @@ int main(void) {
   rc = csa_prewarm(4, 8, 7, 0);
   CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
 
+  /* The state as JSON, with or without a driver. */
+  {
+    const char* info = csa_info_json();
+    CHECK(info != NULL);
+    if (info != NULL) {
+      CHECK(strstr(info, "\"default_configs\"") != NULL);
+      CHECK(strstr(info, "\"cache\"") != NULL);
+      CHECK(strstr(info, csa_version()) != NULL);
+    }
+  }
+  /* A device that does not exist: an error either way (no driver, or no such device). */
+  rc = csa_set_device(1000);
+  CHECK(rc == CSA_ERROR_DRIVER_UNAVAILABLE || rc == CSA_ERROR_INVALID_ARGUMENT);
+  CHECK(strlen(csa_last_error()) > 0);
+
   if (failures == 0) printf("c_abi_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
-# Runs everything that needs a GPU on an already built tree: the GPU tests, the memory checker
-# over the adversarial-offset tests and every 128,1,512 bucket, the race checker over the ring
-# backwards, and the benchmarks. Full logs go to OUTDIR; a summary is printed last.
+# Runs everything that needs a GPU on an already built tree: the GPU tests (C++ and Python), the
+# memory checker over the adversarial-offset tests and every 128,1,512 bucket, the race checker
+# over the ring backwards, and the benchmarks (csa bench, the launch benchmark, the PyTorch
+# comparison). Full logs go to OUTDIR; a summary is printed last.
 #   tools/gpu_suite.sh OUTDIR [BUILD_DIR]
+# CSA_SUITE_PARTS: the parts to run, ','-separated, of tests, atomic, sanitizers, python,
+#   bench, launch, long, torch (default: all).
 # CSA_SUITE_VARIANTS: extra benchmark runs, ';'-separated CSA_SHORT_WINDOW_SCHEDULE values.
+# The Python package is taken from python/ with CSA_LIBRARY=BUILD_DIR/libcsa.so.0 unless an
+# installed one is importable.
 set -u
 out=${1:?usage: tools/gpu_suite.sh OUTDIR [BUILD_DIR]}
 build=${2:-build}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=$PATH:/usr/local/cuda/bin
-CSA_CACHE_DIR=$(mktemp -d)/csa
+CSA_CACHE_DIR=${CSA_CACHE_DIR:-$(mktemp -d)/csa}
 export CSA_CACHE_DIR
+parts=",${CSA_SUITE_PARTS:-tests,atomic,sanitizers,python,bench,launch,long,torch},"
+want() { [[ $parts == *",$1,"* ]]; }
+if ! python3 -c 'import csa' 2>/dev/null; then
+  export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+  export CSA_LIBRARY=${CSA_LIBRARY:-$PWD/$build/libcsa.so.0}
+fi
+export PYTHONUNBUFFERED=1
 summary=()
 
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1
@@ -22,17 +34,31 @@ nvidia-smi >"$out/nvidia-smi.txt" 2>&1
 "$build/csa" prewarm >>"$out/prewarm.txt" 2>&1
 summary+=("prewarm: $(grep -cE ' compiled ' "$out/prewarm.txt") compiled, $(grep -cE ' cache ' "$out/prewarm.txt") from cache")
 
-start=$(date +%s)
-"$build/tests/csa_gpu_tests" >"$out/gpu_tests.log" 2>&1
-rc=$?
-summary+=("gpu tests: rc=$rc ($(($(date +%s) - start)) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
+if want tests; then
+  start=$(date +%s)
+  "$build/tests/csa_gpu_tests" >"$out/gpu_tests.log" 2>&1
+  rc=$?
+  summary+=("gpu tests: rc=$rc ($(($(date +%s) - start)) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
+  "$build/csa_trainer_loop" >"$out/trainer_loop.log" 2>&1
+  summary+=("trainer loop example: rc=$? $(tail -1 "$out/trainer_loop.log")")
+fi
 
-# The atomic grad_ape variant (not the default) over the same correctness matrix.
-CSA_SHORT_WINDOW_SCHEDULE=fixed=0 "$build/tests/csa_gpu_tests" --gtest_filter='Configs/*:Gpu.NothingToPool*' \
-  >"$out/gpu_tests_atomic.log" 2>&1
-summary+=("gpu tests, atomic grad_ape: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_atomic.log" | tr '\n' ' ')")
+if want atomic; then
+  # The atomic grad_ape variant (not the default) over the same correctness matrix.
+  CSA_SHORT_WINDOW_SCHEDULE=fixed=0 "$build/tests/csa_gpu_tests" --gtest_filter='Configs/*:Gpu.NothingToPool*' \
+    >"$out/gpu_tests_atomic.log" 2>&1
+  summary+=("gpu tests, atomic grad_ape: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_atomic.log" | tr '\n' ' ')")
+fi
 
-if command -v compute-sanitizer >/dev/null; then
+if want python; then
+  start=$(date +%s)
+  python3 -m pytest -q -p no:cacheprovider python/tests >"$out/python_tests.log" 2>&1
+  summary+=("python tests: rc=$? ($(($(date +%s) - start)) s): $(tail -1 "$out/python_tests.log")")
+fi
+
+if ! want sanitizers; then
+  :
+elif command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/csa_gpu_tests" \
     --gtest_filter='Gpu.AdversarialOffsets*:Gpu.NothingToPool*:Gpu.Misaligned*:Configs/LongWindow.EveryBucketKernelRuns/r128_c1_d512' \
     >"$out/memcheck.log" 2>&1
@@ -46,20 +72,40 @@ else
   summary+=("memcheck: compute-sanitizer not found")
 fi
 
-"$build/csa" bench --json "$out/bench.json" >"$out/bench.txt" 2>&1
-summary+=("bench: rc=$?")
+if want bench; then
+  "$build/csa" bench --json "$out/bench.json" >"$out/bench.txt" 2>&1
+  summary+=("bench: rc=$?")
+fi
 
-# Host cost per call (plan, runtime, raw driver launches of the same kernels) and graph replay.
-"$build/csa_launch_bench" "$out/launch.json" >"$out/launch.txt" 2>&1
-summary+=("launch bench: rc=$?")
+if want launch; then
+  # Host cost per call (plan, runtime, raw driver launches of the same kernels), graph replay.
+  "$build/csa_launch_bench" "$out/launch.json" >"$out/launch.txt" 2>&1
+  summary+=("launch bench: rc=$?")
+fi
 
-# Long-window shapes (ratio 128 production and experiment shapes).
-long_shapes=()
-for c in 128,1,128 128,2,128 128,1,512 128,2,512; do
-  for pack in 1x4096 1x8192 1x65536 1x131072; do long_shapes+=(-s "$c,$pack"); done
-done
-"$build/csa" bench --no-jit --json "$out/bench_long.json" "${long_shapes[@]}" >"$out/bench_long.txt" 2>&1
-summary+=("bench long-window: rc=$?")
+if want long; then
+  # Long-window shapes (ratio 128 production and experiment shapes).
+  long_shapes=()
+  for c in 128,1,128 128,2,128 128,1,512 128,2,512; do
+    for pack in 1x4096 1x8192 1x65536 1x131072; do long_shapes+=(-s "$c,$pack"); done
+  done
+  "$build/csa" bench --no-jit --json "$out/bench_long.json" "${long_shapes[@]}" >"$out/bench_long.txt" 2>&1
+  summary+=("bench long-window: rc=$?")
+fi
+
+if want torch; then
+  # csa.compress against the eager region and torch.compile of it (tools/bench_torch.py), with
+  # csa bench's kernel times of the same shapes for the graph-replay target.
+  torch_shapes=()
+  for s in 4,2,128,1x8192 4,2,512,3x8192 128,1,512,1x4096 2,2,512,1x4096; do
+    torch_shapes+=(-s "$s")
+  done
+  "$build/csa" bench --no-jit --direction fwd --direction bwd --json "$out/bench_torch_kernels.json" \
+    "${torch_shapes[@]}" >"$out/bench_torch_kernels.txt" 2>&1
+  python3 tools/bench_torch.py --csa-bench "$out/bench_torch_kernels.json" \
+    --json "$out/bench_torch.json" >"$out/bench_torch.txt" 2>&1
+  summary+=("torch bench: rc=$?")
+fi
 
 # CSA_SUITE_PROFILE=SHAPE: hardware counters of the kernels of one benchmark shape.
 if [ -n "${CSA_SUITE_PROFILE:-}" ] && command -v ncu >/dev/null; then
@@ -78,7 +124,7 @@ for v in "${variants[@]}"; do
   CSA_SHORT_WINDOW_SCHEDULE="$v" "$build/csa" bench --no-jit --reps 9 >>"$out/bench_variant_$i.txt" 2>&1
 done
 
-cat "$out/bench.txt" "$out/launch.txt"
-grep -E '^[0-9]' "$out/bench_long.txt" | grep -v bwd-det
-for f in "$out"/bench_variant_*.txt; do [ -f "$f" ] && { head -1 "$f"; grep -E '^[0-9]' "$f" | awk '{print $1, $2, $5, $6}'; }; done
+for f in bench.txt launch.txt bench_torch.txt; do [ -f "$out/$f" ] && cat "$out/$f"; done
+[ -f "$out/bench_long.txt" ] && grep -E '^ratio=' "$out/bench_long.txt" | grep -v bwd-det
+for f in "$out"/bench_variant_*.txt; do [ -f "$f" ] && { head -1 "$f"; grep -E '^ratio=' "$f" | awk '{print $1, $2, $5, $6}'; }; done
 printf '%s\n' "${summary[@]}"

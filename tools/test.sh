@@ -12,6 +12,12 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCSA_WARNINGS_AS_ERR
 cmake --build "$build"
 (cd "$build" && ctest --output-on-failure -j "$(nproc)")
 
+# The Python package as a user installs it (pip builds libcsa into it), and its tests (the GPU
+# ones skip without a GPU).
+python=${PYTHON:-python3}
+"$python" -m pip install --quiet --no-build-isolation .
+"$python" -m pytest -q -p no:cacheprovider python/tests
+
 # The registry and the launch path under ThreadSanitizer: many threads calling through the
 # fake driver at once (no GPU needed).
 tsan=${build}-tsan

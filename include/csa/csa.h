@@ -48,6 +48,15 @@ CSA_API int csa_prewarm(int32_t ratio, int32_t head_dim, int32_t coff, int devic
 CSA_API const char* csa_last_error(void);
 CSA_API const char* csa_version(void);
 
+/* Makes `device`'s primary context (the one the CUDA runtime and frameworks use) current on the
+ * calling thread, unless a context of that device already is: the calls above launch in the
+ * calling thread's current context. Cheap when nothing changes. */
+CSA_API int csa_set_device(int32_t device);
+
+/* The library, NVRTC, driver, device and cache state as one JSON object (thread-local text,
+ * valid until the thread's next call of this function); NULL on failure (csa_last_error()). */
+CSA_API const char* csa_info_json(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,8 @@ namespace csa::device {
 
 // Makes `device`'s primary context current on the calling thread (retained by the Runtime).
 CSA_API void make_current(Runtime& runtime, int device);
+// The same, unless a context of `device` is already current (then nothing changes).
+CSA_API void ensure_current(Runtime& runtime, int device);
 
 class CSA_API Buffer {
  public:

@@ -32,6 +32,18 @@ void make_current(Runtime& runtime, int device) {
   d.check(d.api().cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
+void ensure_current(Runtime& runtime, int device) {
+  driver::Driver& d = driver_of(runtime);
+  CUcontext ctx = nullptr;
+  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (ctx != nullptr) {
+    CUdevice current = 0;
+    d.check(d.api().cuCtxGetDevice(&current), "cuCtxGetDevice");
+    if (current == device) return;
+  }
+  make_current(runtime, device);
+}
+
 DeviceInfo current_device(Runtime& runtime) {
   const int ordinal = runtime.impl().service.current_device();
   for (const auto& info : runtime.driver_info().devices) {

@@ -1,0 +1,125 @@
+"""csa: fused CUDA kernels for the Compressor of compressed sparse attention (CSA / HCA).
+
+``csa.compress`` pools every ``ratio`` tokens of a packed (THD) sequence into one compressed
+KV row with a gated softmax, forward and backward, as one kernel each way. It works under
+autograd, ``torch.compile``, CUDA graphs and ``torch.use_deterministic_algorithms``; the ops
+behind it are ``torch.ops.csa.compress_forward`` and ``torch.ops.csa.compress_backward``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor
+
+from . import _checks, _lib, _ops
+from ._lib import Error, LibraryError
+
+__version__ = "0.1.0"
+__all__ = ["compress", "prewarm", "version", "info", "Error", "LibraryError", "__version__"]
+
+
+def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
+             cu_seqlens_comp: Tensor, *, ratio: int, coff: int,
+             total_comp: Optional[int] = None) -> Tensor:
+    """Gated-softmax pooling of every ``ratio`` tokens into one compressed row.
+
+    Args:
+        kv, score: ``(T, coff*head_dim)`` or ``(T, 1, coff*head_dim)`` bf16, contiguous.
+        ape: ``(ratio, coff*head_dim)`` fp32 position bias.
+        cu_seqlens: ``(B+1,)`` int32 token offsets of the B segments.
+        cu_seqlens_comp: ``(B+1,)`` int32 row offsets; ``cuc[s+1] - cuc[s]`` is the segment's
+            length // ratio.
+        ratio: tokens pooled per row, 1..256.
+        coff: 2 for the overlapping window (the previous block's first half and the own
+            block's second half of the columns), 1 for the own block only.
+        total_comp: rows of the output (a static capacity: rows past ``cu_seqlens_comp[-1]``
+            are padding rows). None reads ``cu_seqlens_comp[-1]`` (one synchronisation; not
+            allowed while a CUDA graph is being captured).
+
+    Returns:
+        ``(total_comp, head_dim)`` bf16, or ``(total_comp, 1, head_dim)`` for rank-3 inputs.
+        Differentiable in kv, score and ape; under
+        ``torch.use_deterministic_algorithms(True)`` ape's gradient is summed in a fixed
+        order (bitwise run to run).
+    """
+    if total_comp is None:
+        total_comp = _static_rows(cu_seqlens_comp)
+    if torch.compiler.is_compiling() or not _eager_cuda(kv):
+        # Checked here too, so that a wrong argument is a TypeError / ValueError naming it
+        # rather than the dispatcher's schema error.
+        _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
+        _checks.total_comp(total_comp)
+        return torch.ops.csa.compress_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio,
+                                              coff, total_comp)
+    return _ops.EagerCompress.apply(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff,
+                                    total_comp)
+
+
+def _eager_cuda(kv: object) -> bool:
+    return isinstance(kv, Tensor) and kv.is_cuda and type(kv) is torch.Tensor
+
+
+def _static_rows(cu_seqlens_comp: object) -> int:
+    if not isinstance(cu_seqlens_comp, Tensor):
+        raise TypeError(f"cu_seqlens_comp must be a torch.Tensor, got "
+                        f"{type(cu_seqlens_comp).__name__}")
+    if cu_seqlens_comp.device.type == "meta":
+        raise ValueError("total_comp=None reads cu_seqlens_comp[-1], which meta tensors do not "
+                         "hold: pass total_comp (the output's row capacity)")
+    if cu_seqlens_comp.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError("total_comp=None reads cu_seqlens_comp[-1] from the device, which a "
+                         "CUDA graph capture cannot do: pass total_comp, the static row "
+                         "capacity of the captured calls (rows past cu_seqlens_comp[-1] are "
+                         "padding rows)")
+    if cu_seqlens_comp.dim() != 1 or cu_seqlens_comp.numel() < 1:
+        raise ValueError(f"cu_seqlens_comp must be 1-D and non-empty, got "
+                         f"{tuple(cu_seqlens_comp.shape)}")
+    return int(cu_seqlens_comp[-1].item())
+
+
+
+
+def prewarm(*, ratio: Optional[int] = None, coff: Optional[int] = None,
+            head_dim: Optional[int] = None,
+            device: Union[int, torch.device, None] = None) -> list[dict[str, int]]:
+    """Compiles (or loads from the kernel cache) every kernel of one configuration, or of the
+    production set when none is given, for a device (default: the current one). Do it before
+    capturing CUDA graphs. Returns the configurations prewarmed."""
+    given = [x is not None for x in (ratio, coff, head_dim)]
+    if any(given) and not all(given):
+        raise ValueError("prewarm takes ratio, coff and head_dim together, or none of them "
+                         "(the production set)")
+    if all(given):
+        _checks.config(ratio, coff)
+        if not isinstance(head_dim, int) or not 1 <= head_dim <= _checks.MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be an integer in [1, {_checks.MAX_HEAD_DIM}], got "
+                             f"{head_dim!r}")
+        configs = [{"ratio": ratio, "coff": coff, "head_dim": head_dim}]
+    else:
+        configs = list(_lib.info()["default_configs"])
+    if device is None:
+        index = torch.cuda.current_device()
+    elif isinstance(device, torch.device):
+        if device.type != "cuda":
+            raise ValueError(f"device must be a CUDA device, got {device}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    elif isinstance(device, int) and not isinstance(device, bool):
+        index = device
+    else:
+        raise TypeError(f"device must be an int or a torch.device, got {type(device).__name__}")
+    lib = _lib.library()
+    for c in configs:
+        _lib.check(lib.csa_prewarm(c["ratio"], c["head_dim"], c["coff"], index))
+    return configs
+
+
+def version() -> str:
+    """The version of the loaded libcsa."""
+    return _lib.version()
+
+
+def info() -> dict[str, Any]:
+    """libcsa, NVRTC, driver, devices and kernel-cache state (``csa info --json``'s fields)."""
+    return _lib.info()

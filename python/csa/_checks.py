@@ -1,0 +1,123 @@
+"""Argument checks of the Python API, made before anything is launched: TypeError for a wrong
+type or dtype, ValueError for a wrong shape, device, layout or value, each naming the
+argument. They read only metadata, so they run on meta and fake tensors too."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+MAX_RATIO = 256
+MAX_HEAD_DIM = 4096
+_DATA_ALIGN = 16
+_OFFSET_ALIGN = 4
+
+
+class Shape(NamedTuple):
+    tokens: int
+    head_dim: int
+    width: int
+    segments: int
+    rank3: bool
+
+
+def _tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _dtype(name: str, t: torch.Tensor, dtype: torch.dtype) -> None:
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be a {dtype} tensor, got {t.dtype}")
+
+
+def _contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+def config(ratio: object, coff: object) -> None:
+    if not isinstance(ratio, int) or isinstance(ratio, bool) or not 1 <= ratio <= MAX_RATIO:
+        raise ValueError(f"ratio must be an integer in [1, {MAX_RATIO}], got {ratio!r}")
+    if coff not in (1, 2) or isinstance(coff, bool):
+        raise ValueError(f"coff must be 1 or 2, got {coff!r}")
+
+
+def inputs(kv: object, score: object, ape: object, cu_seqlens: object, cu_seqlens_comp: object,
+           ratio: int, coff: int) -> Shape:
+    """Checks the inputs both directions share; returns the call's sizes."""
+    config(ratio, coff)
+    kv = _tensor("kv", kv)
+    score = _tensor("score", score)
+    ape = _tensor("ape", ape)
+    cu = _tensor("cu_seqlens", cu_seqlens)
+    cuc = _tensor("cu_seqlens_comp", cu_seqlens_comp)
+    _dtype("kv", kv, torch.bfloat16)
+    _dtype("score", score, torch.bfloat16)
+    _dtype("ape", ape, torch.float32)
+    _dtype("cu_seqlens", cu, torch.int32)
+    _dtype("cu_seqlens_comp", cuc, torch.int32)
+    if kv.dim() not in (2, 3) or (kv.dim() == 3 and kv.shape[1] != 1):
+        raise ValueError(f"kv must be (T, coff*head_dim) or (T, 1, coff*head_dim), got "
+                         f"{tuple(kv.shape)}")
+    if score.shape != kv.shape:
+        raise ValueError(f"score must have kv's shape {tuple(kv.shape)}, got "
+                         f"{tuple(score.shape)}")
+    width = kv.shape[-1]
+    if width % coff != 0:
+        raise ValueError(f"kv's last dimension ({width}) must be coff ({coff}) * head_dim")
+    head_dim = width // coff
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim = kv.shape[-1] / coff = {head_dim} must be in "
+                         f"[1, {MAX_HEAD_DIM}]")
+    if ape.shape != (ratio, width):
+        raise ValueError(f"ape must be (ratio, coff*head_dim) = ({ratio}, {width}), got "
+                         f"{tuple(ape.shape)}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"cu_seqlens must be 1-D with num_segments + 1 >= 1 entries, got "
+                         f"{tuple(cu.shape)}")
+    if cuc.shape != cu.shape:
+        raise ValueError(f"cu_seqlens_comp must have cu_seqlens' shape {tuple(cu.shape)}, got "
+                         f"{tuple(cuc.shape)}")
+    device = kv.device
+    for name, t in (("score", score), ("ape", ape), ("cu_seqlens", cu),
+                    ("cu_seqlens_comp", cuc)):
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but kv is on {device}: all inputs must "
+                             f"be on one device")
+    if device.type not in ("cuda", "meta"):
+        raise ValueError(f"kv must be on a CUDA device (or meta, for shape inference), got "
+                         f"{device}")
+    for name, t in (("kv", kv), ("score", score), ("ape", ape), ("cu_seqlens", cu),
+                    ("cu_seqlens_comp", cuc)):
+        _contiguous(name, t)
+    return Shape(kv.shape[0], head_dim, width, cu.numel() - 1, kv.dim() == 3)
+
+
+def total_comp(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"total_comp must be a non-negative integer, got {value!r}")
+    return value
+
+
+def grad_out(g: object, shape: Shape, total: int, device: torch.device) -> torch.Tensor:
+    g = _tensor("grad_out", g)
+    _dtype("grad_out", g, torch.bfloat16)
+    expected = (total, 1, shape.head_dim) if shape.rank3 else (total, shape.head_dim)
+    if tuple(g.shape) != expected:
+        raise ValueError(f"grad_out must be {expected}, got {tuple(g.shape)}")
+    if g.device != device:
+        raise ValueError(f"grad_out is on {g.device} but kv is on {device}")
+    _contiguous("grad_out", g)
+    return g
+
+
+def aligned(named: dict[str, torch.Tensor]) -> None:
+    """Data pointers of real (not meta or fake) tensors: 16 bytes for data, 4 for offsets."""
+    for name, t in named.items():
+        align = _OFFSET_ALIGN if t.dtype == torch.int32 else _DATA_ALIGN
+        if t.numel() > 0 and t.data_ptr() % align != 0:
+            raise ValueError(f"{name} (data_ptr {t.data_ptr():#x}) is not {align}-byte aligned; "
+                             f"pass a tensor that starts at an aligned offset (.clone() one)")
