@@ -2,9 +2,12 @@
 """csa.compress against the eager PyTorch region and torch.compile of that region, on one GPU.
 
 Per shape: the wall clock per call of the forward and of forward + backward (back-to-back calls
-on the current stream, inputs requiring grad, as in training), and the time per call of each
-captured in a CUDA graph over input sets rotated past the L2 (the DRAM-bound figure, as
-`csa bench` measures its kernels). With --csa-bench JSON (from `csa bench --json`), csa's graph
+on the current stream, inputs requiring grad, the backward through torch.autograd as in
+training; for csa also its two functions called directly, as a custom autograd.Function
+would), and the time per call of each captured in a CUDA graph over input sets rotated past
+the L2 (the DRAM-bound figure, as `csa bench` measures its kernels). The region is measured in
+two forms: the fp32 comparator of csa.reference and the op sequence of Megatron-LM's THD
+Compressor (compress_megatron_thd), each eager and under torch.compile. With --csa-bench JSON (from `csa bench --json`), csa's graph
 figure is compared with the kernel sum csa bench reports for the shape.
 
     python3 tools/bench_torch.py --json out.json [--csa-bench bench.json]
@@ -22,7 +25,7 @@ from typing import Callable
 import torch
 
 import csa
-from csa.reference import compress_eager
+from csa.reference import compress_eager, compress_megatron_thd
 
 SHAPES = ["4,2,128,1x8192", "4,2,512,3x8192", "128,1,512,1x4096", "2,2,512,1x4096"]
 TARGET_WALL_FWD_US = 20.0
@@ -64,6 +67,20 @@ def region(fn: Callable[..., torch.Tensor], ratio: int, coff: int, total_comp: i
                  total_comp=total_comp)
         if backward:
             return torch.autograd.grad(out, (s["kv"], s["score"], s["ape"]), s["grad"])
+        return out
+    return call
+
+
+def direct(ratio: int, coff: int, total_comp: int
+           ) -> Callable[[dict[str, torch.Tensor], bool], object]:
+    """csa's forward and backward functions, without torch.autograd."""
+    def call(s: dict[str, torch.Tensor], backward: bool) -> object:
+        with torch.no_grad():
+            out = csa.compress(s["kv"], s["score"], s["ape"], s["cu"], s["cuc"], ratio=ratio,
+                               coff=coff, total_comp=total_comp)
+            if backward:
+                return csa.compress_backward(s["grad"], s["kv"], s["score"], s["ape"], s["cu"],
+                                             s["cuc"], ratio=ratio, coff=coff)
         return out
     return call
 
@@ -138,7 +155,7 @@ def main() -> None:
     rows = []
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, csa "
           f"{csa.version()}")
-    header = (f"{'shape':<18} {'impl':<14} {'wall fwd':>9} {'wall f+b':>9} {'graph fwd':>10} "
+    header = (f"{'shape':<18} {'impl':<17} {'wall fwd':>9} {'wall f+b':>9} {'graph fwd':>10} "
               f"{'graph f+b':>10}")
     print(header + "   (µs per call)")
     for shape in shapes:
@@ -149,11 +166,19 @@ def main() -> None:
         sets = [make_set(ratio, coff, d, lens, gen) for _ in range(sets_n)]
         csa.prewarm(ratio=ratio, coff=coff, head_dim=d)
         torch._dynamo.reset()
-        compiled = torch.compile(compress_eager, fullgraph=True, dynamic=False)
-        impls = {"csa": csa.compress, "eager": compress_eager, "torch.compile": compiled}
+        impls = {
+            "csa": region(csa.compress, ratio, coff, total_comp),
+            "csa direct": direct(ratio, coff, total_comp),
+            "eager": region(compress_eager, ratio, coff, total_comp),
+            "torch.compile": region(torch.compile(compress_eager, fullgraph=True, dynamic=False),
+                                    ratio, coff, total_comp),
+            "megatron eager": region(compress_megatron_thd, ratio, coff, total_comp),
+            "megatron compile": region(
+                torch.compile(compress_megatron_thd, fullgraph=True, dynamic=False), ratio, coff,
+                total_comp),
+        }
         result: dict[str, object] = {"shape": shape, "input_sets": sets_n}
-        for name, fn in impls.items():
-            call = region(fn, ratio, coff, total_comp)
+        for name, call in impls.items():
             fig = {
                 "wall_fwd_us": wall_us(call, sets[0], False),
                 "wall_fwd_bwd_us": wall_us(call, sets[0], True),
@@ -161,28 +186,41 @@ def main() -> None:
                 "graph_fwd_bwd_us": graph_us(call, sets, True),
             }
             result[name] = fig
-            print(f"{shape:<18} {name:<14} {fig['wall_fwd_us']:>9.1f} "
+            print(f"{shape:<18} {name:<17} {fig['wall_fwd_us']:>9.1f} "
                   f"{fig['wall_fwd_bwd_us']:>9.1f} {fig['graph_fwd_us']:>10.1f} "
                   f"{fig['graph_fwd_bwd_us']:>10.1f}")
-        c, t = result["csa"], result["torch.compile"]
-        result["speedup_vs_compile_graph"] = t["graph_fwd_bwd_us"] / c["graph_fwd_bwd_us"]
-        result["speedup_vs_eager_graph"] = (result["eager"]["graph_fwd_bwd_us"]
-                                            / c["graph_fwd_bwd_us"])
+        c = result["csa"]
+        for key, name in (("compile", "torch.compile"), ("eager", "eager"),
+                          ("megatron_compile", "megatron compile"),
+                          ("megatron_eager", "megatron eager")):
+            result[f"speedup_vs_{key}_graph"] = (result[name]["graph_fwd_bwd_us"]
+                                                 / c["graph_fwd_bwd_us"])
         kernels = kernel_sum_us(bench, shape)
         if kernels is not None:
             result["csa_bench_kernel_sum_us"] = kernels
             result["graph_vs_kernel_sum"] = c["graph_fwd_bwd_us"] / kernels
         rows.append(result)
     print()
-    print("| shape | csa graph f+b µs | × csa bench kernels | torch.compile graph f+b µs | "
-          "csa × faster than torch.compile | eager graph f+b µs | csa wall fwd / f+b µs |")
-    print("|---|---|---|---|---|---|---|")
+    print("CUDA graphs, forward + backward, µs per call (× = how much faster csa is):")
+    print("| shape | csa | × csa bench kernels | torch.compile fp32 region | × | torch.compile "
+          "Megatron region | × | eager fp32 region | eager Megatron region |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio_k = f"{r['graph_vs_kernel_sum']:.2f}" if "graph_vs_kernel_sum" in r else "n/a"
-        print(f"| {r['shape']} | {r['csa']['graph_fwd_bwd_us']:.1f} | {ratio_k} | "
-              f"{r['torch.compile']['graph_fwd_bwd_us']:.1f} | "
-              f"{r['speedup_vs_compile_graph']:.1f} | {r['eager']['graph_fwd_bwd_us']:.1f} | "
-              f"{r['csa']['wall_fwd_us']:.1f} / {r['csa']['wall_fwd_bwd_us']:.1f} |")
+        g = {k: r[k]["graph_fwd_bwd_us"] for k in impls}
+        print(f"| {r['shape']} | {g['csa']:.1f} | {ratio_k} | {g['torch.compile']:.1f} | "
+              f"{r['speedup_vs_compile_graph']:.1f} | {g['megatron compile']:.1f} | "
+              f"{r['speedup_vs_megatron_compile_graph']:.1f} | {g['eager']:.1f} | "
+              f"{g['megatron eager']:.1f} |")
+    print()
+    print("Wall clock per call, µs (forward / forward + backward):")
+    print("| shape | csa, autograd | csa, functions | torch.compile fp32 region | eager fp32 "
+          "region |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        w = {k: f"{r[k]['wall_fwd_us']:.1f} / {r[k]['wall_fwd_bwd_us']:.1f}" for k in impls}
+        print(f"| {r['shape']} | {w['csa']} | {w['csa direct']} | {w['torch.compile']} | "
+              f"{w['eager']} |")
     targets = {
         "wall_fwd_us": TARGET_WALL_FWD_US,
         "wall_fwd_bwd_us": TARGET_WALL_FWD_BWD_US,

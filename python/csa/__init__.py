@@ -17,7 +17,8 @@ from . import _checks, _lib, _ops
 from ._lib import Error, LibraryError
 
 __version__ = "0.1.0"
-__all__ = ["compress", "prewarm", "version", "info", "Error", "LibraryError", "__version__"]
+__all__ = ["compress", "compress_backward", "prewarm", "version", "info", "Error",
+           "LibraryError", "__version__"]
 
 
 def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
@@ -46,19 +47,35 @@ def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
     """
     if total_comp is None:
         total_comp = _static_rows(cu_seqlens_comp)
-    if torch.compiler.is_compiling() or not _eager_cuda(kv):
-        # Checked here too, so that a wrong argument is a TypeError / ValueError naming it
-        # rather than the dispatcher's schema error.
-        _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
-        _checks.total_comp(total_comp)
+    # Checked first, so that a wrong argument is a TypeError / ValueError naming it rather
+    # than the dispatcher's schema error.
+    shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
+    _checks.total_comp(total_comp)
+    if torch.compiler.is_compiling() or type(kv) is not Tensor or not kv.is_cuda:
         return torch.ops.csa.compress_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio,
                                               coff, total_comp)
-    return _ops.EagerCompress.apply(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff,
-                                    total_comp)
+    if torch.is_grad_enabled() and (kv.requires_grad or score.requires_grad or ape.requires_grad):
+        return _ops.EagerCompress.apply(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff,
+                                        total_comp, shape)
+    return _ops.forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff,
+                             total_comp, shape=shape)
 
 
-def _eager_cuda(kv: object) -> bool:
-    return isinstance(kv, Tensor) and kv.is_cuda and type(kv) is torch.Tensor
+def compress_backward(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
+                      cu_seqlens: Tensor, cu_seqlens_comp: Tensor, *, ratio: int, coff: int,
+                      deterministic: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of :func:`compress` on its own, for code that drives its own autograd
+    (a custom ``torch.autograd.Function``): ``(grad_kv, grad_score, grad_ape)`` from
+    ``grad_out`` (``compress``'s output shape; gradients on padding rows are ignored).
+    ``deterministic`` None follows ``torch.are_deterministic_algorithms_enabled()``."""
+    shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    if torch.compiler.is_compiling() or type(kv) is not Tensor or not kv.is_cuda:
+        return torch.ops.csa.compress_backward(grad_out, kv, score, ape, cu_seqlens,
+                                               cu_seqlens_comp, ratio, coff, deterministic)
+    return _ops.backward_impl(grad_out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff,
+                              deterministic, shape=shape)
 
 
 def _static_rows(cu_seqlens_comp: object) -> int:

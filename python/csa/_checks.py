@@ -45,9 +45,43 @@ def config(ratio: object, coff: object) -> None:
         raise ValueError(f"coff must be 1 or 2, got {coff!r}")
 
 
+_BF16 = torch.bfloat16
+_F32 = torch.float32
+_I32 = torch.int32
+
+
 def inputs(kv: object, score: object, ape: object, cu_seqlens: object, cu_seqlens_comp: object,
            ratio: int, coff: int) -> Shape:
-    """Checks the inputs both directions share; returns the call's sizes."""
+    """Checks the inputs both directions share; returns the call's sizes. One expression
+    accepts a valid call (it runs on every call); the detailed checks below name what a
+    rejected one got wrong."""
+    try:
+        if (type(ratio) is int and 1 <= ratio <= MAX_RATIO and type(coff) is int
+                and (coff == 1 or coff == 2) and kv.dtype is _BF16  # type: ignore[union-attr]
+                and score.dtype is _BF16 and ape.dtype is _F32  # type: ignore[union-attr]
+                and cu_seqlens.dtype is _I32 and cu_seqlens_comp.dtype is _I32):  # type: ignore
+            shape = kv.shape  # type: ignore[union-attr]
+            rank = len(shape)
+            width = shape[-1] if rank else 0
+            device = kv.device  # type: ignore[union-attr]
+            if ((rank == 2 or (rank == 3 and shape[1] == 1)) and score.shape == shape
+                    and width % coff == 0 and 0 < width // coff <= MAX_HEAD_DIM
+                    and ape.shape == (ratio, width) and cu_seqlens.dim() == 1
+                    and cu_seqlens.shape[0] >= 1 and cu_seqlens_comp.shape == cu_seqlens.shape
+                    and score.device == device and ape.device == device
+                    and cu_seqlens.device == device and cu_seqlens_comp.device == device
+                    and device.type in ("cuda", "meta") and kv.is_contiguous()
+                    and score.is_contiguous() and ape.is_contiguous()
+                    and cu_seqlens.is_contiguous() and cu_seqlens_comp.is_contiguous()):
+                return Shape(shape[0], width // coff, width, cu_seqlens.shape[0] - 1, rank == 3)
+    except AttributeError:
+        pass  # not a tensor: explained below
+    _explain(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
+    raise ValueError("invalid arguments")  # _explain names the problem; not reached
+
+
+def _explain(kv: object, score: object, ape: object, cu_seqlens: object,
+             cu_seqlens_comp: object, ratio: int, coff: int) -> None:
     config(ratio, coff)
     kv = _tensor("kv", kv)
     score = _tensor("score", score)
@@ -93,7 +127,6 @@ def inputs(kv: object, score: object, ape: object, cu_seqlens: object, cu_seqlen
     for name, t in (("kv", kv), ("score", score), ("ape", ape), ("cu_seqlens", cu),
                     ("cu_seqlens_comp", cuc)):
         _contiguous(name, t)
-    return Shape(kv.shape[0], head_dim, width, cu.numel() - 1, kv.dim() == 3)
 
 
 def total_comp(value: object) -> int:
@@ -103,9 +136,12 @@ def total_comp(value: object) -> int:
 
 
 def grad_out(g: object, shape: Shape, total: int, device: torch.device) -> torch.Tensor:
+    expected = (total, 1, shape.head_dim) if shape.rank3 else (total, shape.head_dim)
+    if (isinstance(g, torch.Tensor) and g.dtype is _BF16 and g.shape == expected
+            and g.device == device and g.is_contiguous()):
+        return g
     g = _tensor("grad_out", g)
     _dtype("grad_out", g, torch.bfloat16)
-    expected = (total, 1, shape.head_dim) if shape.rank3 else (total, shape.head_dim)
     if tuple(g.shape) != expected:
         raise ValueError(f"grad_out must be {expected}, got {tuple(g.shape)}")
     if g.device != device:
@@ -114,10 +150,19 @@ def grad_out(g: object, shape: Shape, total: int, device: torch.device) -> torch
     return g
 
 
-def aligned(named: dict[str, torch.Tensor]) -> None:
-    """Data pointers of real (not meta or fake) tensors: 16 bytes for data, 4 for offsets."""
-    for name, t in named.items():
-        align = _OFFSET_ALIGN if t.dtype == torch.int32 else _DATA_ALIGN
-        if t.numel() > 0 and t.data_ptr() % align != 0:
-            raise ValueError(f"{name} (data_ptr {t.data_ptr():#x}) is not {align}-byte aligned; "
-                             f"pass a tensor that starts at an aligned offset (.clone() one)")
+def aligned(data: dict[str, int], offsets: dict[str, int]) -> None:
+    """Data pointers (of real tensors): 16 bytes for data, 4 for the offsets. `data` and
+    `offsets` map names to data_ptr()s; empty tensors may hold any pointer."""
+    mask = 0
+    for ptr in data.values():
+        mask |= ptr
+    omask = 0
+    for ptr in offsets.values():
+        omask |= ptr
+    if mask % _DATA_ALIGN == 0 and omask % _OFFSET_ALIGN == 0:
+        return
+    for names, align in ((data, _DATA_ALIGN), (offsets, _OFFSET_ALIGN)):
+        for name, ptr in names.items():
+            if ptr % align != 0:
+                raise ValueError(f"{name} (data_ptr {ptr:#x}) is not {align}-byte aligned; pass "
+                                 f"a tensor that starts at an aligned offset (.clone() one)")

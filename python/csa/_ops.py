@@ -1,39 +1,49 @@
 """The torch ops ``torch.ops.csa.compress_forward`` / ``compress_backward``: CUDA
 implementations over the C ABI, fake implementations (shapes and dtypes, no device access)
-and autograd."""
+and autograd; and the eager fast path that calls the same implementations directly."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
+import threading
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import _checks, _lib
 
-__all__ = ["forward_impl", "backward_impl"]
+__all__ = ["forward_impl", "backward_impl", "EagerCompress"]
+
+_ready = threading.local()  # devices whose context this thread has made current
 
 
-@contextlib.contextmanager
-def _on_device(index: int) -> Iterator[int]:
-    """The device current for the launch (the C ABI launches in the calling thread's current
-    context), and its current stream."""
-    if torch.cuda.current_device() == index:
-        yield torch.cuda.current_stream(index).cuda_stream
-        return
-    with torch.cuda.device(index):
-        yield torch.cuda.current_stream(index).cuda_stream
+def _raw_stream(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
 
 
-def _launch(device: torch.device, entry: str, *args: object) -> None:
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811  # the same, without a Stream
+
+
+def _launch(index: Optional[int], entry: str, *args: int) -> None:
+    """Calls the C ABI entry with the current stream of device `index`, that device current
+    (the C ABI launches in the calling thread's current context)."""
     lib = _lib.library()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _on_device(index) as stream:
-        # The thread's current context is the runtime's primary context of `index` after this
-        # (a fresh thread may have none yet).
+    current = torch.cuda.current_device()
+    if index is None:
+        index = current
+    if index != current:
+        with torch.cuda.device(index):
+            _launch(index, entry, *args)
+        return
+    devices = getattr(_ready, "devices", None)
+    if devices is None:
+        devices = _ready.devices = set()
+    if index not in devices:
+        # A thread that has made no CUDA runtime call yet has no current context.
         _lib.check(lib.csa_set_device(index))
-        _lib.check(getattr(lib, entry)(*args, stream))
+        devices.add(index)
+    _lib.check(getattr(lib, entry)(*args, _raw_stream(index)))
 
 
 def _out_shape(shape: _checks.Shape, total_comp: int) -> tuple[int, ...]:
@@ -42,41 +52,47 @@ def _out_shape(shape: _checks.Shape, total_comp: int) -> tuple[int, ...]:
 
 def forward_impl(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
                  cu_seqlens_comp: Tensor, ratio: int, coff: int, total_comp: int,
-                 launch: bool = True) -> Tensor:
-    """``launch`` False: the fake implementation (outputs' metadata only)."""
-    shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
-    _checks.total_comp(total_comp)
+                 launch: bool = True, shape: Optional[_checks.Shape] = None) -> Tensor:
+    """``launch`` False: the fake implementation (outputs' metadata only). ``shape``: the
+    inputs were checked already."""
+    if shape is None:
+        shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
+        _checks.total_comp(total_comp)
     out = kv.new_empty(_out_shape(shape, total_comp))
-    if not launch or kv.device.type != "cuda" or total_comp == 0:
+    if not launch or total_comp == 0 or not kv.is_cuda:
         return out
-    _checks.aligned({"kv": kv, "score": score, "ape": ape, "cu_seqlens": cu_seqlens,
-                     "cu_seqlens_comp": cu_seqlens_comp})
-    _launch(kv.device, "csa_compressor_forward", kv.data_ptr(), score.data_ptr(), ape.data_ptr(),
-            cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(), out.data_ptr(), shape.tokens,
-            shape.segments, total_comp, ratio, shape.head_dim, coff)
+    ptrs = (kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(),
+            cu_seqlens_comp.data_ptr(), out.data_ptr())
+    _checks.aligned({"kv": ptrs[0], "score": ptrs[1], "ape": ptrs[2]},
+                    {"cu_seqlens": ptrs[3], "cu_seqlens_comp": ptrs[4]})
+    _launch(kv.device.index, "csa_compressor_forward", *ptrs, shape.tokens, shape.segments,
+            total_comp, ratio, shape.head_dim, coff)
     return out
 
 
 def backward_impl(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
-                  cu_seqlens_comp: Tensor, ratio: int, coff: int,
-                  deterministic: bool, launch: bool = True) -> tuple[Tensor, Tensor, Tensor]:
-    shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
-    total_comp = grad_out.shape[0] if isinstance(grad_out, Tensor) else 0
+                  cu_seqlens_comp: Tensor, ratio: int, coff: int, deterministic: bool,
+                  launch: bool = True,
+                  shape: Optional[_checks.Shape] = None) -> tuple[Tensor, Tensor, Tensor]:
+    if shape is None:
+        shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
+    total_comp = grad_out.shape[0] if isinstance(grad_out, Tensor) and grad_out.dim() else 0
     _checks.grad_out(grad_out, shape, total_comp, kv.device)
     # Every element of the three gradients is written by the kernels (exact zeros where
     # nothing is consumed; grad_ape overwritten): uninitialised memory is fine.
     grad_kv = torch.empty_like(kv)
     grad_score = torch.empty_like(score)
     grad_ape = torch.empty_like(ape)
-    if not launch or kv.device.type != "cuda":
+    if not launch or not kv.is_cuda:
         return grad_kv, grad_score, grad_ape
-    _checks.aligned({"grad_out": grad_out, "kv": kv, "score": score, "ape": ape,
-                     "cu_seqlens": cu_seqlens, "cu_seqlens_comp": cu_seqlens_comp})
+    ptrs = (kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(),
+            cu_seqlens_comp.data_ptr(), grad_out.data_ptr(), grad_kv.data_ptr(),
+            grad_score.data_ptr(), grad_ape.data_ptr())
+    _checks.aligned({"kv": ptrs[0], "score": ptrs[1], "ape": ptrs[2], "grad_out": ptrs[5]},
+                    {"cu_seqlens": ptrs[3], "cu_seqlens_comp": ptrs[4]})
     flags = _lib.DETERMINISTIC if deterministic else 0
-    _launch(kv.device, "csa_compressor_backward", kv.data_ptr(), score.data_ptr(),
-            ape.data_ptr(), cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr(),
-            grad_out.data_ptr(), grad_kv.data_ptr(), grad_score.data_ptr(), grad_ape.data_ptr(),
-            shape.tokens, shape.segments, total_comp, ratio, shape.head_dim, coff, flags)
+    _launch(kv.device.index, "csa_compressor_backward", *ptrs, shape.tokens, shape.segments,
+            total_comp, ratio, shape.head_dim, coff, flags)
     return grad_kv, grad_score, grad_ape
 
 
@@ -113,6 +129,9 @@ def _compress_backward_fake(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Te
                          deterministic, launch=False)
 
 
+_NO_GRADS = (None, None, None, None, None)
+
+
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[object, ...],
                    output: Tensor) -> None:
     kv, score, ape, cu, cuc, ratio, coff, _ = inputs
@@ -122,12 +141,12 @@ def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[objec
 
 
 def _backward(ctx: torch.autograd.function.FunctionCtx,
-              grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None, None, None]:
+              grad: Tensor) -> tuple[Optional[Tensor], ...]:
     kv, score, ape, cu, cuc = ctx.saved_tensors
-    grad_kv, grad_score, grad_ape = torch.ops.csa.compress_backward(
-        grad.contiguous(), kv, score, ape, cu, cuc, ctx.ratio, ctx.coff,
-        torch.are_deterministic_algorithms_enabled())
-    return grad_kv, grad_score, grad_ape, None, None, None, None, None
+    grads = torch.ops.csa.compress_backward(grad.contiguous(), kv, score, ape, cu, cuc,
+                                            ctx.ratio, ctx.coff,
+                                            torch.are_deterministic_algorithms_enabled())
+    return tuple(grads) + _NO_GRADS
 
 
 compress_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -140,17 +159,18 @@ class EagerCompress(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, kv: Tensor, score: Tensor,
                 ape: Tensor, cu_seqlens: Tensor, cu_seqlens_comp: Tensor, ratio: int, coff: int,
-                total_comp: int) -> Tensor:
+                total_comp: int, shape: _checks.Shape) -> Tensor:
         ctx.save_for_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp)
         ctx.ratio = ratio
         ctx.coff = coff
-        return forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, total_comp)
+        ctx.shape = shape
+        return forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, total_comp,
+                            shape=shape)
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,
-                 grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None, None, None]:
+                 grad: Tensor) -> tuple[Optional[Tensor], ...]:
         kv, score, ape, cu, cuc = ctx.saved_tensors
-        grad_kv, grad_score, grad_ape = backward_impl(
-            grad.contiguous(), kv, score, ape, cu, cuc, ctx.ratio, ctx.coff,
-            torch.are_deterministic_algorithms_enabled())
-        return grad_kv, grad_score, grad_ape, None, None, None, None, None
+        grads = backward_impl(grad.contiguous(), kv, score, ape, cu, cuc, ctx.ratio, ctx.coff,
+                              torch.are_deterministic_algorithms_enabled(), shape=ctx.shape)
+        return grads + _NO_GRADS + (None,)

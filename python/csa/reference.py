@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["compress_eager"]
+__all__ = ["compress_eager", "compress_megatron_thd"]
 
 
 def compress_eager(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
@@ -25,7 +25,9 @@ def compress_eager(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
     cuc = cu_seqlens_comp.long()
     segments = cu.numel() - 1
     rows = torch.arange(total_comp, device=device)
-    seg = torch.bucketize(rows, cuc[1:], right=True).clamp(max=max(segments - 1, 0))
+    # The segment of each row: how many segment ends lie at or before it (a comparison rather
+    # than bucketize, which inductor cannot lower over a slice).
+    seg = (rows[:, None] >= cuc[None, 1:]).sum(dim=1).clamp(max=max(segments - 1, 0))
     valid = rows < cuc[-1]
     block = torch.where(valid, rows - cuc[seg], torch.zeros_like(rows))
     start = torch.where(valid, cu[seg] + block * ratio, torch.zeros_like(rows))
@@ -45,3 +47,48 @@ def compress_eager(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
     weights = torch.softmax(score_w, dim=1)
     out = (kv_w * weights).sum(dim=1).to(kv.dtype)
     return out.unsqueeze(1) if rank3 else out
+
+
+def compress_megatron_thd(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
+                          cu_seqlens_comp: Tensor, *, ratio: int, coff: int,
+                          total_comp: int) -> Tensor:
+    """The same region in the op sequence of Megatron-LM's THD Compressor (its eager path,
+    and what ``torch.compile`` of that code sees): an index gather of (rows, ratio) windows,
+    the position bias added in fp32, the overlap transform by filling a new (rows, 2*ratio)
+    window, an fp32 softmax whose weights are rounded to bf16, bf16 products and a sum. Its
+    numerics differ from the fp32 comparator (weights and products rounded): for speed
+    comparisons, not for the contract."""
+    rank3 = kv.dim() == 3
+    width = kv.shape[-1]
+    kv3 = kv.reshape(-1, 1, width)
+    score3 = score.reshape(-1, 1, width)
+    device = kv.device
+    cuc = cu_seqlens_comp
+    rows = torch.arange(total_comp, device=device, dtype=cuc.dtype)
+    segments = cuc.numel() - 1
+    batch = (rows[:, None] >= cuc[None, 1:]).sum(dim=1).clamp(max=max(segments - 1, 0))
+    valid = rows < cuc[-1]
+    local = torch.where(valid, rows - cuc[batch], torch.zeros_like(rows))
+    base = cu_seqlens[batch].unsqueeze(1) + local.unsqueeze(1) * ratio
+    base = torch.where(valid.unsqueeze(1), base, torch.zeros_like(base))
+    index = base + torch.arange(ratio, device=device, dtype=base.dtype).unsqueeze(0)
+    kv_g = kv3[index]  # (rows, ratio, 1, width)
+    score_g = score3[index] + ape.view(1, ratio, 1, -1)
+    if coff == 2:
+        first = local == 0
+        kv_g = _overlap(kv_g, first, 0.0)
+        score_g = _overlap(score_g, first, float("-inf"))
+    weights = torch.softmax(score_g, dim=1, dtype=torch.float32).to(kv_g.dtype)
+    out = (kv_g * weights).sum(dim=1)
+    return out if rank3 else out.squeeze(1)
+
+
+def _overlap(t: Tensor, first: Tensor, fill: float) -> Tensor:
+    rows, ratio, _, width = t.shape
+    d = width // 2
+    new = t.new_full((rows, 2 * ratio, 1, d), fill)
+    new[:, ratio:] = t[:, :, :, d:]
+    prev = torch.roll(t[:, :, :, :d], shifts=1, dims=0)
+    prev[first] = fill
+    new[:, :ratio] = prev
+    return new

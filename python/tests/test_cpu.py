@@ -200,3 +200,14 @@ def test_the_megatron_example_traces_on_the_meta_device() -> None:
     y = fn(x)
     assert y.shape == (cap, 1, 128)
     y.float().sum().backward()
+
+
+def test_compress_backward_infers_the_gradients_shapes() -> None:
+    p = make_pack(4, 2, 32, [8, 13], device="meta", seed_value=5)
+    g = torch.empty(p.total_comp, 32, dtype=torch.bfloat16, device="meta")
+    gkv, gs, gape = csa.compress_backward(g, *p.args(), ratio=4, coff=2)
+    assert (gkv.shape, gs.shape, gape.shape) == (p.kv.shape, p.score.shape, p.ape.shape)
+    with pytest.raises(ValueError, match="grad_out must be \\(8, 32\\)"):
+        csa.compress_backward(g[:, 1:], *p.args(), ratio=4, coff=2)
+    with pytest.raises(TypeError, match="grad_out must be a torch.bfloat16"):
+        csa.compress_backward(g.float(), *p.args(), ratio=4, coff=2)
