@@ -6,7 +6,7 @@
 //
 // Without a GPU it says so and exits 0 (CI builds it; the GPU machine runs it).
 #include <csa/csa.hpp>
-#include <csa/device.hpp>
+#include <csa/testing/device.hpp>
 #include <csa/reference.hpp>
 
 #include <cstdio>
@@ -31,20 +31,20 @@ struct Layer {
       : config(c),
         plan(rt, c, 0),
         row_capacity(kTokenCapacity / c.ratio + 8),
-        kv(rt, bytes16(kTokenCapacity * width())),
-        score(rt, bytes16(kTokenCapacity * width())),
-        ape(rt, sizeof(float) * c.ratio * width()),
-        cu(rt, sizeof(std::int32_t) * (kSegmentCapacity + 1)),
-        cuc(rt, sizeof(std::int32_t) * (kSegmentCapacity + 1)),
-        grad_out(rt, bytes16(row_capacity * c.head_dim)),
-        out{csa::device::Buffer(rt, bytes16(row_capacity * c.head_dim)),
-            csa::device::Buffer(rt, bytes16(row_capacity * c.head_dim))},
-        grad_kv{csa::device::Buffer(rt, bytes16(kTokenCapacity * width())),
-                csa::device::Buffer(rt, bytes16(kTokenCapacity * width()))},
-        grad_score{csa::device::Buffer(rt, bytes16(kTokenCapacity * width())),
-                   csa::device::Buffer(rt, bytes16(kTokenCapacity * width()))},
-        grad_ape{csa::device::Buffer(rt, sizeof(float) * c.ratio * width()),
-                 csa::device::Buffer(rt, sizeof(float) * c.ratio * width())} {
+        kv(bytes16(kTokenCapacity * width())),
+        score(bytes16(kTokenCapacity * width())),
+        ape(sizeof(float) * c.ratio * width()),
+        cu(sizeof(std::int32_t) * (kSegmentCapacity + 1)),
+        cuc(sizeof(std::int32_t) * (kSegmentCapacity + 1)),
+        grad_out(bytes16(row_capacity * c.head_dim)),
+        out{csa::device::Buffer(bytes16(row_capacity * c.head_dim)),
+            csa::device::Buffer(bytes16(row_capacity * c.head_dim))},
+        grad_kv{csa::device::Buffer(bytes16(kTokenCapacity * width())),
+                csa::device::Buffer(bytes16(kTokenCapacity * width()))},
+        grad_score{csa::device::Buffer(bytes16(kTokenCapacity * width())),
+                   csa::device::Buffer(bytes16(kTokenCapacity * width()))},
+        grad_ape{csa::device::Buffer(sizeof(float) * c.ratio * width()),
+                 csa::device::Buffer(sizeof(float) * c.ratio * width())} {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     auto random_bf16 = [&](csa::device::Buffer& b, float scale) {
       std::vector<std::uint16_t> h(b.size() / 2);
@@ -124,8 +124,8 @@ int main() try {
                 info.available ? "no device" : info.reason.c_str());
     return 0;
   }
-  csa::device::make_current(rt, 0);
-  csa::device::StreamHandle stream(rt);
+  csa::device::make_current(0);
+  csa::device::StreamHandle stream;
   std::mt19937 rng(20261129);
   std::vector<Layer> layers;
   layers.reserve(3);
@@ -135,7 +135,7 @@ int main() try {
 
   // Capture forward + backward of every layer once, at the static capacities.
   for (auto& l : layers) l.set_lengths({8192});
-  csa::device::Graph graph(rt, stream.get(), [&] {
+  csa::device::Graph graph(stream.get(), [&] {
     for (auto& l : layers) {
       l.plan.forward(l.forward_args(0), stream.get());
       l.plan.backward(l.backward_args(0), stream.get());

@@ -47,6 +47,7 @@ inline RuntimeOptions options_for(const fs::path& dir) {
   RuntimeOptions o;
   o.cache_dir = dir.string();
   o.disk_cache = true;
+  o.prebuilt_kernels = false;
   return o;
 }
 

@@ -8,7 +8,7 @@
 #include <future>
 
 #include "bench_data.hpp"
-#include "csa/device.hpp"
+#include "csa/testing/device.hpp"
 #include "test_util.hpp"
 
 namespace csa::test {
@@ -51,7 +51,7 @@ inline tools::HostInputs host_inputs(const Problem& p) {
 
 // A problem on the device. Output buffers are poisoned before each run.
 struct DeviceProblem {
-  explicit DeviceProblem(const Problem& p) : device(*g_runtime, host_inputs(p)) {}
+  explicit DeviceProblem(const Problem& p) : device(host_inputs(p)) {}
 
   ForwardArgs forward_args() const { return device.forward(); }
   BackwardArgs backward_args(std::uint32_t flags) const { return device.backward(flags); }
@@ -59,7 +59,7 @@ struct DeviceProblem {
   std::vector<std::uint16_t> forward(Family family) {
     device.out.fill(0xff);
     g_runtime->forward(forward_args(), nullptr, family);
-    device::synchronize(*g_runtime, nullptr);
+    device::synchronize(nullptr);
     return tools::DeviceInputs::download16(device.out);
   }
 
@@ -74,7 +74,7 @@ struct DeviceProblem {
     device.grad_score.fill(poison);
     device.grad_ape.upload(ape_preset.data(), device.grad_ape.size());
     g_runtime->backward(backward_args(flags), nullptr, family);
-    device::synchronize(*g_runtime, nullptr);
+    device::synchronize(nullptr);
     Grads g;
     g.kv = tools::DeviceInputs::download16(device.grad_kv);
     g.score = tools::DeviceInputs::download16(device.grad_score);
@@ -132,7 +132,7 @@ class Gpu : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!g_skip.empty()) GTEST_SKIP() << g_skip;
-    device::make_current(*g_runtime, 0);
+    device::make_current(0);
   }
 };
 

@@ -19,13 +19,13 @@ namespace {
 // Output buffers of one problem, poisoned (0xFF: NaN in bf16 and fp32) before every run.
 struct Outputs {
   explicit Outputs(const Problem& p)
-      : out(*g_runtime, static_cast<std::size_t>(p.comp_elems()) * 2),
-        grad_kv(*g_runtime, static_cast<std::size_t>(p.token_elems()) * 2),
-        grad_score(*g_runtime, static_cast<std::size_t>(p.token_elems()) * 2),
-        grad_ape(*g_runtime, p.ape.size() * 4) {}
+      : out(static_cast<std::size_t>(p.comp_elems()) * 2),
+        grad_kv(static_cast<std::size_t>(p.token_elems()) * 2),
+        grad_score(static_cast<std::size_t>(p.token_elems()) * 2),
+        grad_ape(p.ape.size() * 4) {}
   void poison(Stream stream) {
     for (auto* b : {&out, &grad_kv, &grad_score, &grad_ape})
-      device::memset_async(*g_runtime, b->get(), 0xff, b->size(), stream);
+      device::memset_async(b->get(), 0xff, b->size(), stream);
   }
   ForwardArgs forward(const DeviceProblem& dp) const {
     ForwardArgs a = dp.forward_args();
@@ -73,7 +73,7 @@ std::string unwritten(const Outputs::Host& h) {
 }
 
 const driver::Driver& real_driver(Runtime& rt) {
-  return rt.impl().loader.get();
+  return RuntimeAccess::of(rt).loader.get();
 }
 
 // `p` with new true lengths (same segment count, same capacities and tensors).
@@ -104,9 +104,9 @@ TEST_P(Capture, ReplayAtCapacitiesMatchesDirectCallsWhileOffsetsChange) {
   SCOPED_TRACE(p.describe());
   DeviceProblem dp(p);
   const Plan plan(*g_runtime, c, 0);
-  device::StreamHandle stream(*g_runtime);
+  device::StreamHandle stream;
   Outputs graph_out(p), direct_out(p);
-  device::Graph graph(*g_runtime, stream.get(), [&] {
+  device::Graph graph(stream.get(), [&] {
     plan.forward(graph_out.forward(dp), stream.get());
     plan.backward(graph_out.backward(dp, kDeterministic), stream.get());
   });
@@ -150,22 +150,20 @@ TEST_P(Capture, GradApeOverwriteAndAccumulateUnderReplay) {
   SCOPED_TRACE(p.describe());
   DeviceProblem dp(p);
   const Plan plan(*g_runtime, c, 0);
-  device::StreamHandle stream(*g_runtime);
+  device::StreamHandle stream;
   Outputs direct(p), overwrite(p), accumulate(p);
   direct.poison(stream.get());
   plan.backward(direct.backward(dp, kDeterministic), stream.get());
   stream.synchronize();
   const std::vector<float> expected = direct.download().ape;
-  device::Graph overwrite_graph(*g_runtime, stream.get(), [&] {
-    plan.backward(overwrite.backward(dp, kDeterministic), stream.get());
-  });
-  device::Graph accumulate_graph(*g_runtime, stream.get(), [&] {
+  device::Graph overwrite_graph(
+      stream.get(), [&] { plan.backward(overwrite.backward(dp, kDeterministic), stream.get()); });
+  device::Graph accumulate_graph(stream.get(), [&] {
     plan.backward(accumulate.backward(dp, kDeterministic | kAccumulateGradApe), stream.get());
   });
   overwrite.poison(stream.get());  // NaN grad_ape: overwrite must not read it
   accumulate.poison(stream.get());
-  device::memset_async(*g_runtime, accumulate.grad_ape.get(), 0, accumulate.grad_ape.size(),
-                       stream.get());
+  device::memset_async(accumulate.grad_ape.get(), 0, accumulate.grad_ape.size(), stream.get());
   std::vector<float> twice(expected.size());
   for (std::size_t i = 0; i < expected.size(); ++i) twice[i] = expected[i] + expected[i];
   for (int replay = 1; replay <= 2; ++replay) {
@@ -226,11 +224,11 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
     o.poison(nullptr);
     g_runtime->forward(o.forward(*dps.back()), nullptr);
     g_runtime->backward(o.backward(*dps.back(), kDeterministic), nullptr);
-    device::synchronize(*g_runtime, nullptr);
+    device::synchronize(nullptr);
     expected.push_back(o.download());
     ASSERT_EQ(unwritten(expected.back()), "") << problems.back().describe();
   }
-  device::StreamHandle first(*g_runtime), second(*g_runtime);
+  device::StreamHandle first, second;
   std::vector<std::unique_ptr<Outputs>> outs;
   outs.reserve(problems.size());
   for (const Problem& p : problems) outs.push_back(std::make_unique<Outputs>(p));
@@ -264,7 +262,7 @@ TEST_F(Gpu, AtomicGradApeIsPublishedOncePerCallOnEveryStream) {
   const Plan long_plan(*g_runtime, configs[4], 0);
   const Plan wide_long_plan(*g_runtime, configs[5], 0);
   const Plan narrow_plan(*g_runtime, configs[6], 0);
-  device::Graph graph(*g_runtime, first.get(), [&] {
+  device::Graph graph(first.get(), [&] {
     plan.backward(outs[0]->backward(*dps[0], 0), first.get());
     long_plan.backward(outs[4]->backward(*dps[4], 0), first.get());
     wide_long_plan.backward(outs[5]->backward(*dps[5], 0), first.get());
@@ -293,7 +291,7 @@ TEST_F(Gpu, PrewarmedRuntimeCapturesTheAtomicBackward) {
   const Problem p = make_problem(c, {1023, 2048, 509}, kExtraTokens, kExtraRows, base_seed() + 61);
   SCOPED_TRACE(p.describe() + " (seed " + std::to_string(base_seed()) + ")");
   DeviceProblem dp(p);
-  device::StreamHandle stream(*g_runtime);
+  device::StreamHandle stream;
   Outputs want(p);
   want.poison(stream.get());
   g_runtime->backward(want.backward(dp, kDeterministic), stream.get());
@@ -302,8 +300,7 @@ TEST_F(Gpu, PrewarmedRuntimeCapturesTheAtomicBackward) {
   Runtime fresh(RuntimeOptions::from_environment());
   fresh.prewarm(c, 0);
   Outputs got(p);
-  device::Graph graph(fresh, stream.get(),
-                      [&] { fresh.backward(got.backward(dp, 0), stream.get()); });
+  device::Graph graph(stream.get(), [&] { fresh.backward(got.backward(dp, 0), stream.get()); });
   for (int replay = 0; replay < 3; ++replay) {
     SCOPED_TRACE("replay " + std::to_string(replay));
     got.poison(stream.get());
@@ -325,7 +322,7 @@ TEST_F(Gpu, ColdConfigurationUnderCaptureRaisesInGlobalAndRelaxedModes) {
   SCOPED_TRACE(p.describe());
   DeviceProblem dp(p);
   Outputs expected(p);
-  device::StreamHandle stream(*g_runtime);
+  device::StreamHandle stream;
   expected.poison(stream.get());
   g_runtime->forward(expected.forward(dp), stream.get());
   g_runtime->backward(expected.backward(dp, kDeterministic), stream.get());
@@ -389,7 +386,7 @@ TEST_F(Gpu, EightThreadsOnEightStreamsMatchSingleThreadedRun) {
     o.poison(nullptr);
     g_runtime->forward(o.forward(*device_problems[t]), nullptr);
     g_runtime->backward(o.backward(*device_problems[t], kDeterministic), nullptr);
-    device::synchronize(*g_runtime, nullptr);
+    device::synchronize(nullptr);
     expected.push_back(o.download());
     ASSERT_EQ(unwritten(expected.back()), "") << problems[t].describe();
   }
@@ -400,8 +397,8 @@ TEST_F(Gpu, EightThreadsOnEightStreamsMatchSingleThreadedRun) {
   std::vector<std::string> errors(kThreads);
   auto worker = [&](int t) {
     try {
-      device::make_current(fresh, 0);
-      device::StreamHandle stream(fresh);
+      device::make_current(0);
+      device::StreamHandle stream;
       const DeviceProblem& dp = *device_problems[t];
       std::unique_ptr<Plan> plan;
       if (t >= kThreads / 2) plan = std::make_unique<Plan>(fresh, problems[t].config, 0);

@@ -18,7 +18,7 @@ constexpr std::int64_t kLongExtraRows = 8;
 constexpr std::int64_t kLongExtraTokens = 37;
 
 std::string device_arch() {
-  const DeviceInfo d = device::current_device(*g_runtime);
+  const DeviceInfo d = device::current_device();
   return "sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
 }
 
@@ -291,14 +291,14 @@ TEST_F(Gpu, StagedSerialScheduleIsBitwise) {
     DeviceProblem dev(p);
     dev.device.out.fill(0xff);
     staged.forward(dev.forward_args(), nullptr);
-    device::synchronize(*g_runtime, nullptr);
+    device::synchronize(nullptr);
     std::vector<std::uint16_t> out(static_cast<std::size_t>(p.comp_elems()));
     dev.device.out.download(out.data(), dev.device.out.size());
     ASSERT_EQ(out, dev.forward(Family::kReference)) << "staged serial out is not bitwise";
     dev.device.grad_kv.fill(0xff);
     dev.device.grad_score.fill(0xff);
     staged.backward(dev.backward_args(0), nullptr);
-    device::synchronize(*g_runtime, nullptr);
+    device::synchronize(nullptr);
     std::vector<std::uint16_t> gkv(static_cast<std::size_t>(p.token_elems())), gs(gkv.size());
     dev.device.grad_kv.download(gkv.data(), dev.device.grad_kv.size());
     dev.device.grad_score.download(gs.data(), dev.device.grad_score.size());

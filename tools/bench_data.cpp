@@ -73,18 +73,18 @@ std::int64_t backward_bytes(const HostInputs& in) {
   return 2 * (4 * in.total_tokens * width + in.total_comp * in.config.head_dim);
 }
 
-DeviceInputs::DeviceInputs(Runtime& runtime, HostInputs host)
+DeviceInputs::DeviceInputs(HostInputs host)
     : in(std::move(host)),
-      cu(runtime, in.cu.size() * 4),
-      cuc(runtime, in.cuc.size() * 4),
-      ape(runtime, in.ape.size() * 4),
-      kv(runtime, in.kv.size() * 2),
-      score(runtime, in.score.size() * 2),
-      grad_out(runtime, in.grad_out.size() * 2),
-      out(runtime, in.grad_out.size() * 2),
-      grad_kv(runtime, in.kv.size() * 2),
-      grad_score(runtime, in.kv.size() * 2),
-      grad_ape(runtime, in.ape.size() * 4) {
+      cu(in.cu.size() * 4),
+      cuc(in.cuc.size() * 4),
+      ape(in.ape.size() * 4),
+      kv(in.kv.size() * 2),
+      score(in.score.size() * 2),
+      grad_out(in.grad_out.size() * 2),
+      out(in.grad_out.size() * 2),
+      grad_kv(in.kv.size() * 2),
+      grad_score(in.kv.size() * 2),
+      grad_ape(in.ape.size() * 4) {
   cu.upload(in.cu.data(), cu.size());
   cuc.upload(in.cuc.data(), cuc.size());
   ape.upload(in.ape.data(), ape.size());

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "csa/csa.hpp"
-#include "csa/device.hpp"
+#include "csa/testing/device.hpp"
 
 namespace csa::tools {
 
@@ -34,7 +34,7 @@ HostInputs make_inputs(const Config& config, const Pack& pack, std::uint64_t see
 // them, and the call arguments over them (sizes as `host` gives them: the benchmark's have no
 // spare capacity, the GPU tests' do).
 struct DeviceInputs {
-  DeviceInputs(Runtime& runtime, HostInputs host);
+  explicit DeviceInputs(HostInputs host);
   ForwardArgs forward() const;
   BackwardArgs backward(std::uint32_t flags = 0) const;
   static std::vector<std::uint16_t> download16(const device::Buffer& buffer);

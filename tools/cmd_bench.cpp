@@ -17,7 +17,7 @@
 #include "bench_data.hpp"
 #include "timing.hpp"
 #include "commands.hpp"
-#include "csa/device.hpp"
+#include "csa/testing/device.hpp"
 
 namespace csa::tools {
 
@@ -83,15 +83,15 @@ Shape parse_shape(const std::string& text) {
   return shape;
 }
 
-double copy_bandwidth(Runtime& rt, Stream stream, int reps) {
+double copy_bandwidth(Stream stream, int reps) {
   const std::size_t bytes = std::size_t{1} << 30;
-  device::Buffer a(rt, bytes), b(rt, bytes);
+  device::Buffer a(bytes), b(bytes);
   a.fill(0x3c);
-  const double us = time_device(rt, stream, reps, 4, [&](int i) {
+  const double us = time_device(stream, reps, 4, [&](int i) {
     if (i % 2 == 0)
-      device::copy_async(rt, b.get(), a.get(), bytes, stream);
+      device::copy_async(b.get(), a.get(), bytes, stream);
     else
-      device::copy_async(rt, a.get(), b.get(), bytes, stream);
+      device::copy_async(a.get(), b.get(), bytes, stream);
   });
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);  // bytes read + written per second
 }
@@ -108,16 +108,15 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   const std::int64_t bwd_bytes = backward_bytes(in);
   const int sets = rotation_sets(fwd_bytes, l2_bytes);
 
-  device::Buffer cu(rt, in.cu.size() * 4), cuc(rt, in.cuc.size() * 4), ape(rt, ape_bytes);
+  device::Buffer cu(in.cu.size() * 4), cuc(in.cuc.size() * 4), ape(ape_bytes);
   cu.upload(in.cu.data(), in.cu.size() * 4);
   cuc.upload(in.cuc.data(), in.cuc.size() * 4);
   ape.upload(in.ape.data(), ape_bytes);
   std::vector<DeviceSet> data;
   for (int s = 0; s < sets; ++s) {
-    DeviceSet d{device::Buffer(rt, tok_bytes),  device::Buffer(rt, tok_bytes),
-                device::Buffer(rt, comp_bytes), device::Buffer(rt, comp_bytes),
-                device::Buffer(rt, tok_bytes),  device::Buffer(rt, tok_bytes),
-                device::Buffer(rt, ape_bytes)};
+    DeviceSet d{device::Buffer(tok_bytes),  device::Buffer(tok_bytes), device::Buffer(comp_bytes),
+                device::Buffer(comp_bytes), device::Buffer(tok_bytes), device::Buffer(tok_bytes),
+                device::Buffer(ape_bytes)};
     d.kv.upload(in.kv.data(), tok_bytes);
     d.score.upload(in.score.data(), tok_bytes);
     d.grad_out.upload(in.grad_out.data(), comp_bytes);
@@ -163,11 +162,11 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
         std::find(o.directions.begin(), o.directions.end(), dir) == o.directions.end())
       return;
     for (int s = 0; s < sets; ++s) call(s);  // warm: JIT, module load, first touch
-    device::synchronize(rt, stream);
-    const double cold = time_graph(rt, stream, o.reps, calls, [&](int i) { call(i % sets); });
-    const double warm = time_graph(rt, stream, o.reps, calls, [&](int) { call(0); });
-    const double streamed = time_device(rt, stream, o.reps, calls, [&](int i) { call(i % sets); });
-    const double host = time_host(rt, stream, 200, [&](int i) { call(i % sets); });
+    device::synchronize(stream);
+    const double cold = time_graph(stream, o.reps, calls, [&](int i) { call(i % sets); });
+    const double warm = time_graph(stream, o.reps, calls, [&](int) { call(0); });
+    const double streamed = time_device(stream, o.reps, calls, [&](int i) { call(i % sets); });
+    const double host = time_host(stream, 200, [&](int i) { call(i % sets); });
     const double floor_us = 1e6 * static_cast<double>(bytes) / bandwidth;
     const double target = slope * floor_us + offset_us;
     rows.push_back({{"shape", fmt::format("{},{}", format_config(c), shape.pack.label)},
@@ -227,10 +226,10 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
   std::vector<Shape> shapes;
   for (const auto& s : o.shapes) shapes.push_back(parse_shape(s));
   if (shapes.empty()) shapes = default_shapes();
-  device::make_current(rt, o.device);
-  const DeviceInfo dev = device::current_device(rt);
-  device::StreamHandle stream(rt);
-  const double bandwidth = copy_bandwidth(rt, stream.get(), o.reps);
+  device::make_current(o.device);
+  const DeviceInfo dev = device::current_device();
+  device::StreamHandle stream;
+  const double bandwidth = copy_bandwidth(stream.get(), o.reps);
   nlohmann::json report = {{"device", dev.name},       {"sm_count", dev.sm_count},
                            {"l2_bytes", dev.l2_bytes}, {"copy_bandwidth_tb_s", bandwidth / 1e12},
                            {"library", version()},     {"rows", nlohmann::json::array()}};

@@ -14,7 +14,7 @@
 
 #include "bench_data.hpp"
 #include "commands.hpp"
-#include "csa/device.hpp"
+#include "csa/testing/device.hpp"
 #include "csa/reference.hpp"
 #include "timing.hpp"
 #include "tune_plan.hpp"
@@ -94,10 +94,10 @@ std::string candidate_table(const std::string& arch, const Config& c, Direction 
 }
 
 void run_tune(Runtime& rt, const TuneOptions& o) {
-  device::make_current(rt, o.device);
-  const DeviceInfo dev = device::current_device(rt);
+  device::make_current(o.device);
+  const DeviceInfo dev = device::current_device();
   const std::string arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
-  device::StreamHandle stream(rt);
+  device::StreamHandle stream;
   const Config& c = o.config;
   fmt::print("tuning ratio={} coff={} head_dim={} on {} ({}), rows {}\n", c.ratio, c.coff,
              c.head_dim, dev.name, arch, fmt::join(o.rows, ","));
@@ -150,11 +150,11 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
       Pack pack;
       pack.seqlens = {static_cast<std::int32_t>(r * c.ratio)};
       pack.label = fmt::format("1x{}", r * c.ratio);
-      DeviceInputs p(rt, make_inputs(c, pack, o.seed + static_cast<std::uint64_t>(r)));
+      DeviceInputs p(make_inputs(c, pack, o.seed + static_cast<std::uint64_t>(r)));
       // References: the plain kernels of the SPEC op order.
       rt.forward(p.forward(), stream.get(), Family::kReference);
       rt.backward(p.backward(), stream.get(), Family::kReference);
-      device::synchronize(rt, stream.get());
+      device::synchronize(stream.get());
       const auto ref_out = p.download16(p.out);
       const auto ref_kv = p.download16(p.grad_kv);
       const auto ref_score = p.download16(p.grad_score);
@@ -165,7 +165,7 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
       const int sets = rotation_sets(
           dir == Direction::kForward ? forward_bytes(p.in) : backward_bytes(p.in), dev.l2_bytes);
       std::vector<std::unique_ptr<DeviceInputs>> copies;
-      for (int s = 1; s < sets; ++s) copies.push_back(std::make_unique<DeviceInputs>(rt, p.in));
+      for (int s = 1; s < sets; ++s) copies.push_back(std::make_unique<DeviceInputs>(p.in));
       auto set = [&](int i) -> const DeviceInputs& {
         return i % sets == 0 ? p : *copies[static_cast<std::size_t>(i % sets - 1)];
       };
@@ -184,14 +184,14 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
             p.grad_ape.fill(0xff);  // NaN: a grad_ape not overwritten fails its check
             if (dir == Direction::kForward) {
               cr.forward(p.forward(), stream.get());
-              device::synchronize(rt, stream.get());
+              device::synchronize(stream.get());
               const CheckResult out =
                   check(p.download16(p.out), ref_out, candidates[i].bitwise, "out");
               why = out.failure;
               differing = out.differing;
             } else {
               cr.backward(p.backward(), stream.get());
-              device::synchronize(rt, stream.get());
+              device::synchronize(stream.get());
               const CheckResult kv =
                   check(p.download16(p.grad_kv), ref_kv, candidates[i].bitwise, "grad_kv");
               const CheckResult sc =
@@ -201,7 +201,7 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
               differing = std::max(kv.differing, sc.differing);
             }
             if (why.empty()) {
-              us = time_graph(cr, stream.get(), o.reps, std::max(sets, 32), [&](int call) {
+              us = time_graph(stream.get(), o.reps, std::max(sets, 32), [&](int call) {
                 if (dir == Direction::kForward) {
                   cr.forward(set(call).forward(), stream.get());
                 } else {

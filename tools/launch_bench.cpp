@@ -30,7 +30,7 @@
 
 #include "api/runtime_impl.hpp"
 #include "bench_data.hpp"
-#include "csa/device.hpp"
+#include "csa/testing/device.hpp"
 #include "csa_params.h"
 #include "nvrtc/compiler.hpp"
 #include "timing.hpp"
@@ -81,7 +81,7 @@ class RawCalls {
   // them with programmatic stream serialization, as the library does on this device.
   RawCalls(csa::Runtime& rt, CUstream stream, bool programmatic, const std::function<void()>& call)
       : rt_(rt) {
-    const auto& d = rt.impl().loader.get();
+    const auto& d = csa::RuntimeAccess::of(rt).loader.get();
     const auto& api = d.api();
     GraphInspection gi;
     d.check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "begin capture");
@@ -132,7 +132,7 @@ class RawCalls {
   }
 
   void launch() {
-    const auto& d = rt_.impl().loader.get();
+    const auto& d = csa::RuntimeAccess::of(rt_).loader.get();
     for (auto& l : launches_)
       d.check(d.api().cuLaunchKernelEx(&l.config, l.function, l.args, nullptr), "raw launch");
   }
@@ -151,8 +151,8 @@ class RawCalls {
         backward = reinterpret_cast<csa_kernel::BackwardParams*>(l.params.data());
     }
     if (reduce == nullptr || backward == nullptr) return;
-    workspace_.emplace_back(rt_, static_cast<std::size_t>(reduce->elements) *
-                                     static_cast<std::size_t>(reduce->groups) * sizeof(float));
+    workspace_.emplace_back(static_cast<std::size_t>(reduce->elements) *
+                            static_cast<std::size_t>(reduce->groups) * sizeof(float));
     reduce->workspace = workspace_.back().as<float>();
     backward->workspace = workspace_.back().as<float>();
   }
@@ -178,15 +178,14 @@ struct HostTimes {
 // Per path: wall-clock microseconds per call of 50 calls queued back to back (median of 31
 // rounds), and of one call issued to an idle stream (median of 201). The paths take turns in
 // every round, so a drift of the host's speed during the run biases none of them.
-std::vector<HostTimes> time_paths(csa::Runtime& rt, csa::Stream stream,
-                                  const std::vector<Path>& paths) {
+std::vector<HostTimes> time_paths(csa::Stream stream, const std::vector<Path>& paths) {
   const std::size_t n = paths.size();
   std::vector<std::vector<double>> queued(n), idle(n);
   for (const auto& p : paths)
     for (int i = 0; i < 20; ++i) p.call();  // warm
   for (int round = 0; round < 31; ++round) {
     for (std::size_t i = 0; i < n; ++i) {
-      csa::device::synchronize(rt, stream);
+      csa::device::synchronize(stream);
       const auto t0 = Clock::now();
       for (int c = 0; c < 50; ++c) paths[i].call();
       queued[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
@@ -195,13 +194,13 @@ std::vector<HostTimes> time_paths(csa::Runtime& rt, csa::Stream stream,
   }
   for (int round = 0; round < 201; ++round) {
     for (std::size_t i = 0; i < n; ++i) {
-      csa::device::synchronize(rt, stream);
+      csa::device::synchronize(stream);
       const auto t0 = Clock::now();
       paths[i].call();
       idle[i].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     }
   }
-  csa::device::synchronize(rt, stream);
+  csa::device::synchronize(stream);
   std::vector<HostTimes> out(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = {median(queued[i]), median(idle[i])};
   return out;
@@ -209,13 +208,13 @@ std::vector<HostTimes> time_paths(csa::Runtime& rt, csa::Stream stream,
 
 nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
                             const char* pack, const Path& empty_kernel) {
-  const csa::tools::DeviceInputs prob(rt,
-                                      csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77));
+  const csa::tools::DeviceInputs prob(csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77));
   const csa::Plan plan(rt, c, 0);
   const csa::ForwardArgs f = prob.forward();
   const csa::BackwardArgs b = prob.backward();
   auto s = reinterpret_cast<CUstream>(stream);
-  const bool programmatic = rt.impl().service.record(c, csa::Family::kAuto, 0)->programmatic;
+  const bool programmatic =
+      csa::RuntimeAccess::of(rt).service.record(c, csa::Family::kAuto, 0)->programmatic;
   RawCalls raw_forward(rt, s, programmatic, [&] { plan.forward(f, stream); });
   RawCalls raw_backward(rt, s, programmatic, [&] { plan.backward(b, stream); });
   const std::vector<Path> paths = {
@@ -227,7 +226,7 @@ nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Con
       {"plan backward", [&] { plan.backward(b, stream); }},
       {"runtime backward", [&] { rt.backward(b, stream); }}};
   const std::string label = fmt::format("{},{},{},{}", c.ratio, c.coff, c.head_dim, pack);
-  const auto times = time_paths(rt, stream, paths);
+  const auto times = time_paths(stream, paths);
   nlohmann::json rows = nlohmann::json::array();
   for (std::size_t i = 0; i < paths.size(); ++i) {
     fmt::print("{:<20} {:<18} {:>10.2f} {:>10.2f} {:>9}\n", label, paths[i].name,
@@ -256,12 +255,12 @@ nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Con
 // The platform's floor: cuLaunchKernelEx of an empty kernel taking one int. The library
 // handle stays loaded for the process.
 Path empty_kernel_path(csa::Runtime& rt, csa::Stream stream) {
-  const auto& d = rt.impl().loader.get();
+  const auto& d = csa::RuntimeAccess::of(rt).loader.get();
   csa::nvrtc::CompileRequest req;
   req.source = "extern \"C\" __global__ void empty_kernel(int) {}\n";
   req.source_name = "empty.cu";
   req.name_expressions = {"empty_kernel"};
-  req.arch = rt.impl().service.device_traits(0).arch;
+  req.arch = csa::RuntimeAccess::of(rt).service.device_traits(0).arch;
   const auto compiled = csa::nvrtc::Compiler({}).compile(req);
   CUlibrary lib = nullptr;
   CUkernel kernel = nullptr;
@@ -291,7 +290,7 @@ Path empty_kernel_path(csa::Runtime& rt, csa::Stream stream) {
 // query, median of 31 rounds of 1000, to tell their share of the plan's margin over the raw
 // launches.
 nlohmann::json bench_driver_queries(csa::Runtime& rt, csa::Stream stream) {
-  const auto& d = rt.impl().loader.get();
+  const auto& d = csa::RuntimeAccess::of(rt).loader.get();
   const auto& api = d.api();
   auto s = reinterpret_cast<CUstream>(stream);
   CUcontext ctx = nullptr;
@@ -340,24 +339,23 @@ nlohmann::json bench_driver_queries(csa::Runtime& rt, csa::Stream stream) {
 
 nlohmann::json bench_graph(csa::Runtime& rt, csa::Stream stream, const csa::Config& c,
                            const char* pack) {
-  const csa::tools::DeviceInputs prob(rt,
-                                      csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77));
+  const csa::tools::DeviceInputs prob(csa::tools::make_inputs(c, csa::tools::parse_pack(pack), 77));
   const csa::Plan plan(rt, c, 0);
   const csa::ForwardArgs f = prob.forward();
   const csa::BackwardArgs b = prob.backward();
   const int reps = 31, calls = 20;
   const double fwd =
-      csa::tools::time_graph(rt, stream, reps, calls, [&](int) { plan.forward(f, stream); });
+      csa::tools::time_graph(stream, reps, calls, [&](int) { plan.forward(f, stream); });
   const double bwd =
-      csa::tools::time_graph(rt, stream, reps, calls, [&](int) { plan.backward(b, stream); });
-  csa::device::Graph step(rt, stream, [&] {
+      csa::tools::time_graph(stream, reps, calls, [&](int) { plan.backward(b, stream); });
+  csa::device::Graph step(stream, [&] {
     plan.forward(f, stream);
     plan.backward(b, stream);
   });
   step.launch(stream);
-  csa::device::synchronize(rt, stream);
+  csa::device::synchronize(stream);
   const double replay =
-      csa::tools::time_device(rt, stream, reps, calls, [&](int) { step.launch(stream); });
+      csa::tools::time_device(stream, reps, calls, [&](int) { step.launch(stream); });
   const double ratio = replay / (fwd + bwd);
   fmt::print(
       "graph {},{},{},{}: forward {:.2f} us + backward {:.2f} us = {:.2f} us; replay of "
@@ -379,13 +377,14 @@ int main(int argc, char** argv) try {
     std::printf("csa_launch_bench: no GPU (%s)\n", rt.driver_info().reason.c_str());
     return 0;
   }
-  csa::device::make_current(rt, 0);
-  const csa::DeviceInfo dev = csa::device::current_device(rt);
-  csa::device::StreamHandle stream(rt);
-  fmt::print("device: {} ({} SMs); programmatic dependent launch {}\n", dev.name, dev.sm_count,
-             rt.impl().service.record({4, 128, 2}, csa::Family::kAuto, 0)->programmatic
-                 ? "on (the raw launches ask for it too)"
-                 : "off");
+  csa::device::make_current(0);
+  const csa::DeviceInfo dev = csa::device::current_device();
+  csa::device::StreamHandle stream;
+  fmt::print(
+      "device: {} ({} SMs); programmatic dependent launch {}\n", dev.name, dev.sm_count,
+      csa::RuntimeAccess::of(rt).service.record({4, 128, 2}, csa::Family::kAuto, 0)->programmatic
+          ? "on (the raw launches ask for it too)"
+          : "off");
   fmt::print(
       "host us per call: queued = 50 calls back to back on one stream, per call (median of "
       "31); idle = one call on an idle stream (median of 201); raw = cuLaunchKernelEx of "

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "csa/device.hpp"
+#include "csa/testing/device.hpp"
 
 namespace csa::tools {
 
@@ -12,9 +12,8 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double time_device(Runtime& rt, Stream stream, int reps, int calls,
-                   const std::function<void(int)>& call) {
-  device::Event start(rt), stop(rt);
+double time_device(Stream stream, int reps, int calls, const std::function<void(int)>& call) {
+  device::Event start, stop;
   std::vector<double> samples;
   for (int r = 0; r < reps; ++r) {
     start.record(stream);
@@ -26,14 +25,13 @@ double time_device(Runtime& rt, Stream stream, int reps, int calls,
   return median(samples);
 }
 
-double time_graph(Runtime& rt, Stream stream, int reps, int calls,
-                  const std::function<void(int)>& call) {
-  device::Graph graph(rt, stream, [&] {
+double time_graph(Stream stream, int reps, int calls, const std::function<void(int)>& call) {
+  device::Graph graph(stream, [&] {
     for (int i = 0; i < calls; ++i) call(i);
   });
   graph.launch(stream);
-  device::synchronize(rt, stream);
-  device::Event start(rt), stop(rt);
+  device::synchronize(stream);
+  device::Event start, stop;
   std::vector<double> samples;
   for (int r = 0; r < reps; ++r) {
     start.record(stream);
@@ -45,16 +43,16 @@ double time_graph(Runtime& rt, Stream stream, int reps, int calls,
   return median(samples);
 }
 
-double time_host(Runtime& rt, Stream stream, int samples, const std::function<void(int)>& call) {
+double time_host(Stream stream, int samples, const std::function<void(int)>& call) {
   std::vector<double> times;
   for (int i = 0; i < samples; ++i) {
-    device::synchronize(rt, stream);
+    device::synchronize(stream);
     const auto t0 = std::chrono::steady_clock::now();
     call(i);
     const auto t1 = std::chrono::steady_clock::now();
     times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
-  device::synchronize(rt, stream);
+  device::synchronize(stream);
   return median(times);
 }
 

@@ -12,16 +12,14 @@ namespace csa::tools {
 double median(std::vector<double> v);
 
 // Median per-call microseconds of `calls` back-to-back calls, timed with events.
-double time_device(Runtime& rt, Stream stream, int reps, int calls,
-                   const std::function<void(int)>& call);
+double time_device(Stream stream, int reps, int calls, const std::function<void(int)>& call);
 
 // Median per-call microseconds of `calls` calls captured in one CUDA graph and replayed: the
 // kernel time without the host's launch gaps.
-double time_graph(Runtime& rt, Stream stream, int reps, int calls,
-                  const std::function<void(int)>& call);
+double time_graph(Stream stream, int reps, int calls, const std::function<void(int)>& call);
 
 // Median wall-clock microseconds of one call through the C++ API, issued to an idle stream:
 // the host's own cost per call, not the pace of a full launch queue.
-double time_host(Runtime& rt, Stream stream, int samples, const std::function<void(int)>& call);
+double time_host(Stream stream, int samples, const std::function<void(int)>& call);
 
 }  // namespace csa::tools

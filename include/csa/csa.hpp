@@ -120,6 +120,9 @@ struct CSA_API RuntimeOptions {
   // Read-only cache layers searched after cache_dir, in order ($CSA_CACHE_PATH, a ':'
   // separated list); the prebuilt kernels installed with the library are searched last.
   std::vector<std::string> cache_layers;
+  // Search the prebuilt kernels installed with the library (the directory csa-kernels beside
+  // libcsa.so) last ($CSA_PREBUILT_KERNELS=0: not).
+  bool prebuilt_kernels = true;
   std::int64_t cache_max_bytes = std::int64_t{4} << 30;  // bound of cache_dir's entries
   bool jit_enabled = true;    // false: a cache miss is an error (kJitDisabled)
   bool ptxas_verbose = true;  // keep the ptxas resource report of every compile
@@ -231,9 +234,9 @@ class CSA_API Runtime {
   const RuntimeOptions& options() const;
 
   struct Impl;
-  Impl& impl() { return *impl_; }
 
  private:
+  friend struct RuntimeAccess;  // the library's own units (src/api/runtime_impl.hpp)
   std::unique_ptr<Impl> impl_;
 };
 

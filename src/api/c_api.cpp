@@ -6,7 +6,7 @@
 
 #include "csa/csa.h"
 #include "csa/csa.hpp"
-#include "csa/device.hpp"
+#include "api/runtime_impl.hpp"
 
 namespace {
 
@@ -130,7 +130,9 @@ const char* csa_version(void) {
 }
 
 int csa_set_device(int32_t device) {
-  return guarded([&] { csa::device::ensure_current(csa::Runtime::default_runtime(), device); });
+  return guarded([&] {
+    csa::RuntimeAccess::of(csa::Runtime::default_runtime()).service.make_current(device);
+  });
 }
 
 const char* csa_info_json(void) {

@@ -23,7 +23,7 @@ void check_config(const Plan::State& s, const Config& c) {
 
 Plan::Plan(Runtime& runtime, const Config& config, int device, Family family)
     : state_(std::make_unique<State>()) {
-  state_->service = &runtime.impl().service;
+  state_->service = &RuntimeAccess::of(runtime).service;
   state_->prepared = state_->service->record(config, family, device);
 }
 

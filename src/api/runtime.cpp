@@ -1,4 +1,7 @@
+#include <dlfcn.h>
+
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -24,11 +27,20 @@ RuntimeOptions RuntimeOptions::from_environment() {
   }
   o.cache_max_bytes = env::integer("CSA_CACHE_MAX_BYTES", 1,
                                    std::numeric_limits<std::int64_t>::max(), o.cache_max_bytes, w);
+  o.prebuilt_kernels = env::flag("CSA_PREBUILT_KERNELS", true, w);
   o.jit_enabled = !env::flag("CSA_DISABLE_JIT", false, w);
   o.ptxas_verbose = env::flag("CSA_PTXAS_VERBOSE", true, w);
   o.line_info = env::flag("CSA_LINEINFO", false, w);
   o.log_level = env::get("CSA_LOG_LEVEL").value_or("");
   return o;
+}
+
+std::string prebuilt_kernels_directory() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&prebuilt_kernels_directory), &info) == 0 ||
+      info.dli_fname == nullptr)
+    return {};
+  return (std::filesystem::path(info.dli_fname).parent_path() / "csa-kernels").string();
 }
 
 Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

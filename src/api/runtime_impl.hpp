@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "cache/disk_cache.hpp"
 #include "cache/kernel_store.hpp"
@@ -13,6 +14,10 @@
 #include "driver/loader.hpp"
 
 namespace csa {
+
+// The prebuilt kernels' read-only layer: csa-kernels beside the library file (empty when the
+// library's location is unknown).
+std::string prebuilt_kernels_directory();
 
 struct Runtime::Impl {
   // `injected`: a driver to use instead of loading libcuda (tests use a fake table).
@@ -31,6 +36,10 @@ struct Runtime::Impl {
     if (!o.disk_cache) return d;
     d.directory = o.cache_dir.empty() ? cache::DiskCache::default_directory() : o.cache_dir;
     d.read_only = o.cache_layers;
+    if (o.prebuilt_kernels) {
+      if (std::string prebuilt = prebuilt_kernels_directory(); !prebuilt.empty())
+        d.read_only.push_back(std::move(prebuilt));
+    }
     d.max_bytes = o.cache_max_bytes;
     return d;
   }
@@ -42,6 +51,12 @@ struct Runtime::Impl {
   cache::KernelStore store;
   driver::Loader loader;
   compressor::Service service;
+};
+
+// How the library's own units (the plan, the C ABI) and its white-box tests reach a Runtime's
+// parts; not part of the public API.
+struct RuntimeAccess {
+  static Runtime::Impl& of(Runtime& runtime) { return *runtime.impl_; }
 };
 
 }  // namespace csa

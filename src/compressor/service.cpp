@@ -167,11 +167,29 @@ int Service::current_device() {
   if (ctx == nullptr) {
     fail(Status::kInvalidArgument,
          "the calling thread has no current CUDA context; select a device first (cudaSetDevice, "
-         "cuCtxSetCurrent or csa::device::make_current)");
+         "cuCtxSetCurrent or csa_set_device)");
   }
   CUdevice dev = 0;
   d.check(d.api().cuCtxGetDevice(&dev), "cuCtxGetDevice");
   return static_cast<int>(dev);
+}
+
+void Service::make_current(int device) {
+  driver::Driver& d = loader_.get();
+  CUcontext ctx = nullptr;
+  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (ctx != nullptr) {
+    CUdevice current = 0;
+    d.check(d.api().cuCtxGetDevice(&current), "cuCtxGetDevice");
+    if (current == device) return;
+  }
+  device_traits(device);  // validates the ordinal
+  CUdevice dev = 0;
+  d.check(d.api().cuDeviceGet(&dev, device), "cuDeviceGet");
+  // NOTE: the primary context (the CUDA runtime's and the frameworks') is retained and never
+  // released here: it is shared with everything else in the process.
+  d.check(d.api().cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  d.check(d.api().cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
 std::shared_ptr<const cache::LoadedModule> Service::load_module(const ModuleSpec& spec,

@@ -96,6 +96,9 @@ class Service {
   Family resolve(const Config& config, Family family, const std::string& arch) const;
   // The current context's device; throws when the thread has no current context.
   int current_device();
+  // Makes `device`'s primary context current on the calling thread unless a context of that
+  // device already is (csa_set_device).
+  void make_current(int device);
   driver::Driver& driver() { return loader_.get(); }
 
  private:

@@ -1,12 +1,13 @@
-// Small device utilities over the Runtime's driver table, for tests, benchmarks and tools that
-// must not link libcuda or the CUDA runtime: a device buffer, a stream, events and copies.
+// Device utilities of csa's tests, benchmarks, tools and examples (the csa_testing target, not
+// installed): a device buffer, a stream, events, graphs and copies over the driver, opened
+// with dlopen as the library does, so that nothing links libcuda or the CUDA runtime.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 
-#include "csa/csa.hpp"
+#include "csa/csa.hpp"  // Stream, DeviceInfo, Error
 
 struct CUevent_st;
 struct CUgraph_st;
@@ -14,14 +15,12 @@ struct CUgraphExec_st;
 
 namespace csa::device {
 
-// Makes `device`'s primary context current on the calling thread (retained by the Runtime).
-CSA_API void make_current(Runtime& runtime, int device);
-// The same, unless a context of `device` is already current (then nothing changes).
-CSA_API void ensure_current(Runtime& runtime, int device);
+// Makes `device`'s primary context current on the calling thread (retained, never released).
+void make_current(int device);
 
-class CSA_API Buffer {
+class Buffer {
  public:
-  Buffer(Runtime& runtime, std::size_t bytes);  // on the current device
+  explicit Buffer(std::size_t bytes = 0);  // on the current device
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -39,14 +38,13 @@ class CSA_API Buffer {
   void fill(std::uint8_t byte);  // synchronous
 
  private:
-  Runtime* runtime_ = nullptr;
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
 };
 
-class CSA_API StreamHandle {
+class StreamHandle {
  public:
-  explicit StreamHandle(Runtime& runtime);  // a non-blocking stream on the current context
+  StreamHandle();  // a non-blocking stream on the current context
   ~StreamHandle();
   StreamHandle(const StreamHandle&) = delete;
   StreamHandle& operator=(const StreamHandle&) = delete;
@@ -54,13 +52,12 @@ class CSA_API StreamHandle {
   void synchronize();
 
  private:
-  Runtime* runtime_;
   Stream stream_ = nullptr;
 };
 
-class CSA_API Event {
+class Event {
  public:
-  explicit Event(Runtime& runtime);
+  Event();
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
@@ -69,33 +66,29 @@ class CSA_API Event {
   float milliseconds_since(const Event& start) const;
 
  private:
-  Runtime* runtime_;
   CUevent_st* event_ = nullptr;
 };
 
 // A CUDA graph captured from the calls `record` makes on `stream` (thread-local capture mode),
 // replayed with launch().
-class CSA_API Graph {
+class Graph {
  public:
-  Graph(Runtime& runtime, Stream stream, const std::function<void()>& record);
+  Graph(Stream stream, const std::function<void()>& record);
   ~Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
   void launch(Stream stream);
 
  private:
-  Runtime* runtime_;
   CUgraph_st* graph_ = nullptr;
   CUgraphExec_st* exec_ = nullptr;
 };
 
-CSA_API void copy_async(Runtime& runtime, void* dst, const void* src, std::size_t bytes,
-                        Stream stream);
-CSA_API void memset_async(Runtime& runtime, void* dst, std::uint8_t byte, std::size_t bytes,
-                          Stream stream);
-CSA_API void synchronize(Runtime& runtime, Stream stream);
+void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream);
+void memset_async(void* dst, std::uint8_t byte, std::size_t bytes, Stream stream);
+void synchronize(Stream stream);
 
 // The current context's device traits.
-CSA_API DeviceInfo current_device(Runtime& runtime);
+DeviceInfo current_device();
 
 }  // namespace csa::device
