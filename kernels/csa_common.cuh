@@ -22,10 +22,8 @@ namespace csa_kernel {
 // `dependents_first`: let the next kernel's CTAs in before this one's wait, not after. Only
 // for grids of one wave that issue nothing before the wait (the short-window backward, the
 // grad_ape reduction): their CTAs are all resident, so the next kernel's waiting CTAs take no
-// place they need, and reach their own wait a kernel earlier. H200, kernel us, three rounds:
-// 4,2,128,1x4096 bwd 6.24-6.30 -> 6.15-6.22, 2,2,128,1x4096 6.10-6.15 -> 6.05-6.12,
-// 128,1,128,1x8192 bwd 7.61-7.68 -> 7.50-7.52. Every kernel doing it cost the forwards up to
-// 1.8 us: their prefetches before the wait then met the next call's (docs/performance.md).
+// place they need, and reach their own wait a kernel earlier. Every kernel doing it slowed the
+// forwards: their prefetches before the wait then met the next call's.
 __device__ __forceinline__ void pdl_enter(bool dependents_first = false) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (dependents_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

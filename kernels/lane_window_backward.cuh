@@ -173,8 +173,8 @@ struct LaneRing {
   // This thread's slots of one staged row: s = score + ape (invalid slots: -inf), kv (invalid
   // slots and columns past head_dim were zero-filled), grad_out.
   // With 64 registers a thread this thread's ape values live in shared memory too (they are
-  // the same for every row); with 128 they stay in registers, which measured 3-5 % faster on
-  // the H200. Thread-private: [C * VEC][THREADS] floats.
+  // the same for every row); with 128 they stay in registers, which measured faster
+  // (docs/notes/measurements.md). Thread-private: [C * VEC][THREADS] floats.
   static constexpr bool APE_IN_SHARED = TIGHT_REGISTERS;
   static constexpr int APE_FLOATS = APE_IN_SHARED ? LW::C * VEC * THREADS : 0;
   static __device__ __forceinline__ float& ape_at(float* ape_sm, int j, int v) {
@@ -297,8 +297,8 @@ __device__ __forceinline__ void zero_grad_ape_slice(const BackwardParams& p, int
 // of a token row where 16 columns carry one.
 // ATOMIC_APE: the CTA's grad_ape partials are added into grad_ape (atomic mode) instead of
 // written to p.workspace for the fixed-order reduction. A template argument, not a flag: the
-// fixed-order kernel stays exactly the code it was (a runtime branch here cost the ring
-// kernels up to 14 % at 131072 tokens on the H200).
+// fixed-order kernel stays exactly the code it was (a runtime branch here measured slower in
+// the ring kernels).
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES>
 struct BackwardCtasPerSm {
   static constexpr int value =
@@ -339,18 +339,13 @@ __global__ void __launch_bounds__(
   // NOTE: ring kernels with 64 registers a thread (Ring::TIGHT_REGISTERS): there the arrival's
   // reply waits for claim_await_zeroed in shared memory, not in two registers across the rows
   // (which spilled 16 bytes at 128,2,128 v2 c16 t512). Elsewhere it stays in registers: the
-  // shared-memory form ran the 256-thread atomic buckets 4-8 % slower on the H200 (A/B, two
-  // rounds, kernel us: 128,1,512,1x4096 8.91-8.94 -> 9.64-9.66, 128,2,512,1x8192 30.4 -> 32.0).
+  // shared-memory form ran the 256-thread atomic buckets slower.
   constexpr bool kClaimReplyInShared = STAGES > 1 && Ring::TIGHT_REGISTERS;
   [[maybe_unused]] __shared__ unsigned long long claim_reply;
   // The first rows' windows (those the ring fetches before its loop, else the first) at the
   // guessed place, ahead of the dependent loads of cuc[B] and locate_row; one thread per
-  // 128-byte line. H200, kernel us: 128,1,128,1x4096 6.30 -> 5.94, 128,2,128,1x4096 8.93 ->
-  // 8.42, 128,1,512,1x8192 15.98 -> 15.54, the large shapes within their run-to-run spread;
-  // every thread prefetching its own sectors: 6.20, 9.10, 15.66. The forward measured slower
-  // with either (128,2,512,1x131072 153.9 -> 166.1 one per line, 202.8 every thread). Before
-  // the programmatic wait the small shapes gained 0.1-0.3 us (128,1,128,1x8192 7.78 -> 7.51)
-  // but 128,1,512,1x65536 lost 2.8 % (98.5 -> 101.3), so the prefetch stays after it.
+  // 128-byte line (faster than every thread prefetching its own sectors). Before the
+  // programmatic wait it lost on large shapes, so it stays after it.
   if (active) {
 #pragma unroll
     for (int i = 0; i < (STAGES > 1 ? STAGES - 1 : 1); ++i) {
@@ -430,11 +425,9 @@ __global__ void __launch_bounds__(
       fetched = Ring::fetch(ring + ((it + STAGES - 1) % STAGES) * Ring::STAGE_ELEMS, p,
                             static_cast<int>(ahead), ahead < row_end, col0);
       // Narrow coff-1 windows: the row after the ring's reach goes to L2 too (its guessed
-      // place, one thread per 128-byte line). H200, kernel us: 128,1,128,1x131072 50.3 -> 47.7,
-      // 1x65536 27.7 -> 26.5; 128,1,512 the same within 1 % (1x8192 15.6 -> 15.7); two rows
-      // beyond: no gain. NOTE: at coff 2 the same prefetch ran 1.3-2.2x slower (128,2,512,
-      // 1x131072 414 -> 890, 128,2,128,1x131072 114 -> 173): ncu read twice the window's bytes
-      // from DRAM there (542 -> 1096 MB), as if the prefetched lines left L2 before their use.
+      // place, one thread per 128-byte line); two rows beyond gained nothing. NOTE: at coff 2
+      // the same prefetch ran much slower: the window's bytes were read twice from DRAM, as if
+      // the prefetched lines left L2 before their use.
       if constexpr (COFF == 1 && HEAD_DIM <= 128) {
         const long long further = ahead + 1;
         if (active && further < row_end)
@@ -488,9 +481,8 @@ __global__ void __launch_bounds__(
     }
     if (active) {
       // Without the ring, UNIFORM windows store each slot at one base plus an immediate, as
-      // they load. H200, kernel us: 128,1,512,1x4096 13.7 -> 13.2, 128,2,128,1x8192 14.9 ->
-      // 14.5; with the ring the same stores measured 0.3-0.8 % slower at coff 2 (128,2,512,
-      // 1x131072 446 -> 450), so the ring keeps the per-slot form.
+      // they load; with the ring the same stores measured slower at coff 2, so the ring keeps
+      // the per-slot form.
       constexpr bool SLOT_BASE = LW::UNIFORM && STAGES == 1;
       long long offset0 = 0;
       bool lane_valid = true;

@@ -6,11 +6,7 @@ namespace csa_kernel {
 // Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
 // UNIFORM windows (lane_slot_base) load each slot at one 64-bit base per array plus a
 // compile-time offset (j * W), so the loads issue back to back instead of each behind its
-// own 64-bit address arithmetic (sm_90 SASS of the 128,2,512
-// chunked kernel: 960 instructions, the window's 52 loads within 132 of them, against 1256
-// and 437 per slot). H200, kernel us: 128,1,512,1x131072 90.9 -> 79.9, 128,2,512,1x131072
-// 190.3 -> 152.3, 128,1,128,1x65536 14.3 -> 11.3; only the 32-row 128,1,512,1x4096 was
-// slower (4.67 -> 5.1 with the same schedule; docs/performance.md).
+// own 64-bit address arithmetic (docs/notes/measurements.md).
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
 __device__ __forceinline__ void load_lane_window(
     const csa_u16* score, const csa_u16* kv, const float* ape, const RowWindow& w, int col,
@@ -133,18 +129,15 @@ __device__ __forceinline__ float serial_quotient(float e, float den, float inv) 
 // e_k = expf(s_k - M) for its slots and stores them in its column's shared-memory row, one
 // thread per column sums den in slot order, every thread forms round(kv_k * (e_k / den)) in
 // place, and one thread per column sums those in slot order: out is bitwise equal to the
-// fp32-intermediate reference. The row layout, shuffled maxima and one reciprocal per column
-// took the serial forward (H200, kernel us) at 128,1,128 from 4.35 to 3.48 (1x4096) and 6.62 to
-// 4.54 (1x8192), at 128,2,128 from 8.25 to 6.50 and 11.46 to 8.76. Otherwise each lane keeps
-// (lane max, sum e, sum kv*e) and the lanes merge in fixed order.
+// fp32-intermediate reference (the row layout, shuffled maxima and one reciprocal per column
+// keep that fast). Otherwise each lane keeps (lane max, sum e, sum kv*e) and the lanes merge
+// in fixed order.
 // Launch bounds: a chunked coff-1 CTA of up to 256 threads holding at most 16 window values a
 // thread in vectors of 2 or more asks for 5 CTAs per SM (48 registers, no spill): one more
-// window in flight per SM than the 56 registers it took otherwise (H200, kernel us:
-// 128,1,512,1x131072 92.4 -> 90.6, 128,1,512,1x65536 48.2 -> 46.8, 128,1,128,1x131072 25.0 ->
-// 24.6). More values a thread, or the scalar columns of an odd head_dim, spill at 48
-// registers; coff-2 windows of that size (ratio <= 64) were not measured. Others keep the
-// compiler's choice: 3 CTAs for the 32-value windows of the 64-column buckets (80 registers,
-// from 96) measured the same as without, with the slot-offset loads (H200, within 1 %).
+// window in flight per SM than the 56 registers it took otherwise. More values a thread, or
+// the scalar columns of an odd head_dim, spill at 48 registers; coff-2 windows of that size
+// (ratio <= 64) were not measured. Others keep the compiler's choice (3 CTAs for the 32-value
+// windows of the 64-column buckets measured the same as without).
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, bool SERIAL>
 __host__ __device__ constexpr int forward_min_ctas(int threads) {
   constexpr int values = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C * VEC;
@@ -172,10 +165,9 @@ __global__ void __launch_bounds__(
   const int col = cv * VEC;
   // Small grids only (the host's choice, ForwardParams::prefetch_early: at most 3 waves of
   // CTAs): the guessed window's prefetch, one thread per 128-byte line, before the
-  // programmatic wait, so that its DRAM round trip overlaps the previous kernel's tail. H200,
-  // kernel us: 128,2,512,1x4096 7.85 -> 7.39, 128,1,128,1x8192 7.07 -> 6.61, 128,1,128,1x4096
-  // 4.69 -> 4.33. Every CTA prefetching on every grid lost 5-10 % from 5 waves on; only the
-  // first wave prefetching lost the small grids' gain.
+  // programmatic wait, so that its DRAM round trip overlaps the previous kernel's tail. On
+  // larger grids it slowed the kernel, and prefetching in the first wave only lost the small
+  // grids' gain.
   if (p.prefetch_early && active)
     prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(p.score, p.kv, row, p.total_tokens, col,
                                                             lane);

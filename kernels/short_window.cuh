@@ -56,11 +56,8 @@ __global__ void __launch_bounds__(THREADS)
   const int col = static_cast<int>(gid - static_cast<long long>(row) * NCV) * VEC;
   // The guessed window's prefetch (every thread: its own sectors) goes out before the
   // programmatic wait (pdl_enter), so that its DRAM round trip overlaps the previous kernel's
-  // tail. H200, kernel us, two builds: 4,2,128,1x4096 3.26 -> 2.65, 1x8192 4.90 -> 4.41,
-  // 2,2,128,1x4096 3.07 -> 2.63, 2,2,512,1x4096 8.07 -> 7.02, 4,2,512,3x8192 34.8 -> 33.7-34.0,
-  // 2,2,128,3x8192 (prefetching after the wait before) 11.0 -> 10.3. Only the wide kernel (256
-  // threads) with 8-slot windows at head_dim 128 lost: 4,2,128,3x8192 10.55 -> 11.5 (after the
-  // wait it lost there too, 10.5 -> 11.0), so such kernels do not prefetch.
+  // tail. Only the wide kernel (256 threads) with 8-slot windows at head_dim 128 measured
+  // slower with it, before or after the wait, so such kernels do not prefetch.
   constexpr bool PREFETCH = !(THREADS >= 256 && COFF * RATIO >= 8 && HEAD_DIM < 256);
   if (PREFETCH && has_row)
     prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
@@ -196,11 +193,9 @@ __global__ void __launch_bounds__(TX* TY)
       // Padding rows (gradients ignored) are told apart by locate_row from the segment's own
       // offsets, as in the forward: no load of cuc[B] ahead of the window's loads. The guessed
       // window's prefetch (every thread: its own sectors) and grad_out's load, whose address
-      // needs no offsets, go out first. H200, kernel us: 4,2,128,1x8192 9.53 -> 8.93,
-      // 2,2,128,1x4096 6.44 -> 6.10, 2,2,512,3x8192 74.8 -> 64.9; one thread per 128-byte line
-      // (a quarter of the sectors) 9.17, 6.28, 64.9. The first row's prefetch before the
-      // programmatic wait, as the forward does, measured slower here: 4,2,128,1x8192 8.96 ->
-      // 9.28, 2,2,128,1x4096 6.15 -> 6.47, 4,2,512,1x4096 13.66 -> 14.0.
+      // needs no offsets, go out first (every thread its own sectors: faster than one thread
+      // per 128-byte line). Before the programmatic wait, as the forward does, it measured
+      // slower here.
       prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
       float g[VEC];
       load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);

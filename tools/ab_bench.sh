@@ -38,7 +38,7 @@ for ((r = 1; r <= rounds; ++r)); do
       break 2
     fi
     col="${name}_$r"
-    LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" "$csa" bench --no-jit --json "$out/$col.json" "$@" \
+    LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}" "$csa" bench --no-jit --save "$out/$col.json" "$@" \
       >"$out/$col.txt" 2>&1
     rc=$?
     echo "ab_bench: $col rc=$rc" >&2

@@ -19,19 +19,19 @@ Pack parse_pack(const std::string& text) {
   constexpr std::int64_t kMaxSegments = 1 << 20;
   const auto x = text.find('x');
   if (x != std::string::npos) {
-    const auto count = parse_int(text.substr(0, x), 1, kMaxSegments, "pack " + text + " count");
-    const auto len = parse_int(text.substr(x + 1), 0, kMaxTokens, "pack " + text + " length");
+    const auto count = parse_int(text.substr(0, x), 1, kMaxSegments, "--shape pack count");
+    const auto len = parse_int(text.substr(x + 1), 0, kMaxTokens, "--shape pack length");
     if (count * len > kMaxTokens)
-      throw CLI::ValidationError("pack", "'" + text + "' holds more than 2^31 - 1 tokens");
+      throw CLI::ValidationError("--shape", "pack '" + text + "' holds more than 2^31 - 1 tokens");
     p.seqlens.assign(static_cast<std::size_t>(count), static_cast<std::int32_t>(len));
     return p;
   }
   std::int64_t total = 0;
   for (const auto& item : split(text, '+')) {
-    const auto len = parse_int(item, 0, kMaxTokens, "pack " + text + " length");
+    const auto len = parse_int(item, 0, kMaxTokens, "--shape pack length");
     total += len;
     if (total > kMaxTokens || p.seqlens.size() >= kMaxSegments)
-      throw CLI::ValidationError("pack", "'" + text + "' holds more than 2^31 - 1 tokens");
+      throw CLI::ValidationError("--shape", "pack '" + text + "' holds more than 2^31 - 1 tokens");
     p.seqlens.push_back(static_cast<std::int32_t>(len));
   }
   return p;

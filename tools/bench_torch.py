@@ -7,10 +7,10 @@ training; for csa also its two functions called directly, as a custom autograd.F
 would), and the time per call of each captured in a CUDA graph over input sets rotated past
 the L2 (the DRAM-bound figure, as `csa bench` measures its kernels). The region is measured in
 two forms: the fp32 comparator of csa.reference and the op sequence of Megatron-LM's THD
-Compressor (compress_megatron_thd), each eager and under torch.compile. With --csa-bench JSON (from `csa bench --json`), csa's graph
+Compressor (compress_megatron_thd), each eager and under torch.compile. With --csa-bench JSON (from `csa bench --save`), csa's graph
 figure is compared with the kernel sum csa bench reports for the shape.
 
-    python3 tools/bench_torch.py --json out.json [--csa-bench bench.json]
+    python3 tools/bench_torch.py --save out.json [--csa-bench bench.json]
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", action="append", help="R,C,D,NxLEN (default: the four shapes)")
-    ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--csa-bench", help="`csa bench --json` output of the same shapes")
+    ap.add_argument("--save", help="write the results as JSON to this file")
+    ap.add_argument("--csa-bench", help="`csa bench --save` output of the same shapes")
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
     shapes = args.shape or SHAPES
@@ -227,8 +227,8 @@ def main() -> None:
         "graph_vs_kernel_sum": TARGET_GRAPH_VS_KERNELS,
         "speedup_vs_compile_graph": TARGET_SPEEDUP_VS_COMPILE,
     }
-    if args.json:
-        with open(args.json, "w") as f:
+    if args.save:
+        with open(args.save, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "csa": csa.version(), "targets": targets, "rows": rows}, f, indent=2)
 

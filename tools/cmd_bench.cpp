@@ -28,7 +28,8 @@ struct BenchOptions {
   int device = 0;
   int reps = 15;
   std::uint64_t seed = 1234;
-  std::string json_path;
+  std::string save_path;
+  bool json = false;
   bool jit = true;
   std::vector<std::string> directions;  // empty: fwd, bwd and bwd-det
 };
@@ -54,20 +55,30 @@ std::vector<Shape> default_shapes() {
 // "ratio=4,coff=2,head_dim=512,pack=1x4096" or "4,2,512,1x4096"; checked against the
 // library's limits here, before anything is allocated.
 Shape parse_shape(const std::string& text) {
-  const auto last = text.rfind(',');
-  if (last == std::string::npos) {
-    throw CLI::ValidationError("--shape", "'" + text +
-                                              "' is not ratio=R,coff=C,head_dim=D,pack=PACK "
-                                              "(or R,C,D,PACK)");
+  const auto fields = split(text, ',');
+  const auto bad = [&] {
+    return CLI::ValidationError("--shape", "'" + text +
+                                               "' is not ratio=R,coff=C,head_dim=D,pack=PACK (or "
+                                               "R,C,D,PACK)");
+  };
+  std::string config;
+  std::string pack;
+  if (text.find('=') == std::string::npos) {
+    if (fields.size() != 4) throw bad();
+    config = fields[0] + "," + fields[1] + "," + fields[2];
+    pack = fields[3];
+  } else {
+    for (const auto& f : fields) {
+      if (f.rfind("pack=", 0) == 0) {
+        if (!pack.empty()) throw bad();
+        pack = f.substr(5);
+      } else {
+        config += (config.empty() ? "" : ",") + f;
+      }
+    }
+    if (pack.empty()) throw bad();
   }
-  std::string pack = text.substr(last + 1);
-  const bool keyed = text.find('=') != std::string::npos;
-  if (keyed) {
-    if (pack.rfind("pack=", 0) != 0)
-      throw CLI::ValidationError("--shape", "'" + text + "' ends without pack=PACK");
-    pack = pack.substr(5);
-  }
-  Shape shape{parse_config(text.substr(0, last), "--shape"), parse_pack(pack)};
+  Shape shape{parse_config(config, "--shape"), parse_pack(pack)};
   std::int64_t tokens = 0;
   std::int64_t rows = 0;
   for (const auto len : shape.pack.seqlens) {
@@ -169,7 +180,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     const double host = time_host(stream, 200, [&](int i) { call(i % sets); });
     const double floor_us = 1e6 * static_cast<double>(bytes) / bandwidth;
     const double target = slope * floor_us + offset_us;
-    rows.push_back({{"shape", fmt::format("{},{}", format_config(c), shape.pack.label)},
+    rows.push_back({{"shape", fmt::format("{},pack={}", format_config(c), shape.pack.label)},
                     {"direction", dir},
                     {"megabytes", static_cast<double>(bytes) / 1e6},
                     {"floor_us", floor_us},
@@ -233,20 +244,22 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
   nlohmann::json report = {{"device", dev.name},       {"sm_count", dev.sm_count},
                            {"l2_bytes", dev.l2_bytes}, {"copy_bandwidth_tb_s", bandwidth / 1e12},
                            {"library", version()},     {"rows", nlohmann::json::array()}};
-  fmt::print("device: {} ({} SMs, L2 {:.0f} MB), copy bandwidth {:.2f} TB/s (read+write)\n",
+  // The table goes to stdout, unless --json asks for the JSON there (then nothing else).
+  std::FILE* text = o.json ? stderr : stdout;
+  fmt::print(text, "device: {} ({} SMs, L2 {:.0f} MB), copy bandwidth {:.2f} TB/s (read+write)\n",
              dev.name, dev.sm_count, static_cast<double>(dev.l2_bytes) / 1e6, bandwidth / 1e12);
-  fmt::print(
-      "kernel: CUDA-graph replay of back-to-back calls over input sets rotated past the L2 "
-      "(median); "
-      "L2warm: one set; stream: the same calls launched on a stream; host: wall clock of one call "
-      "issued to an idle stream\n");
-  fmt::print("{:<22} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n",
-             "shape (r,c,d,pack)", "dir", "MB", "floor us", "kernel us", "ratio", "L2warm",
-             "stream", "host us", "target", "ok");
+  fmt::print(text,
+             "kernel: CUDA-graph replay of back-to-back calls over input sets rotated past the L2 "
+             "(median); L2warm: one set; stream: the same calls launched on a stream; host: wall "
+             "clock of one call issued to an idle stream\n");
+  fmt::print(text, "{:<42} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n",
+             "shape", "dir", "MB", "floor us", "kernel us", "ratio", "L2warm", "stream", "host us",
+             "target", "ok");
   for (const auto& shape : shapes) {
     for (const auto& row : bench_shape(rt, stream.get(), shape, o, bandwidth, dev.l2_bytes)) {
       fmt::print(
-          "{:<22} {:<8} {:>8.1f} {:>9.2f} {:>10.2f} {:>7.2f} {:>9.2f} {:>9.2f} {:>8.2f} {:>9.2f} "
+          text,
+          "{:<42} {:<8} {:>8.1f} {:>9.2f} {:>10.2f} {:>7.2f} {:>9.2f} {:>9.2f} {:>8.2f} {:>9.2f} "
           "{}\n",
           row["shape"].get<std::string>(), row["direction"].get<std::string>(),
           row["megabytes"].get<double>(), row["floor_us"].get<double>(),
@@ -259,15 +272,16 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
   }
   if (o.jit) {
     const auto jit = bench_jit({4, 512, 2}, o.device);
-    fmt::print("JIT {}: compile {:.3f} s, cached load {:.2f} ms\n",
+    fmt::print(text, "JIT {}: compile {:.3f} s, cached load {:.2f} ms\n",
                jit["config"].get<std::string>(), jit["jit_seconds"].get<double>(),
                jit["cached_load_ms"].get<double>());
     report["jit"] = jit;
   }
-  if (!o.json_path.empty()) {
-    std::ofstream(o.json_path) << report.dump(2) << "\n";
-    fmt::print("wrote {}\n", o.json_path);
+  if (!o.save_path.empty()) {
+    std::ofstream(o.save_path) << report.dump(2) << "\n";
+    fmt::print(text, "wrote {}\n", o.save_path);
   }
+  if (o.json) print_json(report);
 }
 
 }  // namespace
@@ -276,14 +290,20 @@ void add_bench_command(CLI::App& app, Runtime*& runtime) {
   auto opts = std::make_shared<BenchOptions>();
   auto* cmd = app.add_subcommand("bench", "kernel time vs the DRAM floor on a GPU");
   cmd->add_option("--shape,-s", opts->shapes,
-                  "RATIO,COFF,HEAD_DIM,PACK with PACK NxLEN or LEN+LEN+... (repeatable)");
-  cmd->add_option("--device", opts->device, "device ordinal");
-  cmd->add_option("--reps", opts->reps, "timed repetitions per figure (median)");
-  cmd->add_option("--seed", opts->seed, "input seed");
-  cmd->add_option("--json", opts->json_path, "also write the results as JSON to this file");
+                  "ratio=R,coff=C,head_dim=D,pack=PACK (or R,C,D,PACK), PACK being NxLEN or "
+                  "LEN+LEN+..., repeatable (default: ratio 4 and 2, coff 2, head_dim 128 and 512, "
+                  "packs 1x4096 1x8192 3x8192)");
+  cmd->add_option("--device", opts->device, "device ordinal")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--reps", opts->reps, "timed repetitions per figure (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--seed", opts->seed, "input seed")->capture_default_str();
+  cmd->add_flag("--json", opts->json, "print the results as one JSON object instead of the table");
+  cmd->add_option("--save", opts->save_path, "also write the results as JSON to this file");
   cmd->add_flag("!--no-jit", opts->jit, "skip the JIT and cached-load timing");
-  cmd->add_option("--direction", opts->directions, "only these rows (default: all three)")
-      ->check(CLI::IsMember({"fwd", "bwd", "bwd-det"}));
+  add_direction_option(cmd, opts->directions, kBenchDirections);
   cmd->callback([opts, &runtime] { run_bench(*runtime, *opts); });
 }
 

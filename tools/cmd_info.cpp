@@ -4,31 +4,91 @@
 
 namespace csa::tools {
 
+namespace {
+
+nlohmann::json info_json(Runtime& runtime) {
+  const DriverInfo d = runtime.driver_info();
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& dev : d.devices) {
+    devices.push_back({{"ordinal", dev.ordinal},
+                       {"name", dev.name},
+                       {"arch", fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor)},
+                       {"sm_count", dev.sm_count},
+                       {"l2_bytes", dev.l2_bytes},
+                       {"memory_bytes", dev.memory_bytes}});
+  }
+  return {{"version", version()},
+          {"nvrtc", nvrtc_version()},
+          {"nvrtc_archs", supported_archs()},
+          {"driver", {{"available", d.available}, {"reason", d.reason}, {"version", d.driver_version}}},
+          {"devices", devices},
+          {"cache", to_json(runtime.cache_info())}};
+}
+
+void print_cache(const CacheInfo& c) {
+  fmt::print("cache: {} ({}), {} entries, {:.1f} MB, bound {:.1f} GB\n",
+             c.directory.empty() ? "(none)" : c.directory,
+             c.persistent ? "on disk" : "memory only", c.entries,
+             static_cast<double>(c.bytes) / 1e6, static_cast<double>(c.max_bytes) / 1e9);
+  for (const auto& l : c.layers) {
+    fmt::print("  {} {}: {}, {} entries, {:.1f} MB\n",
+               l.read_only_layer ? "read-only layer" : "cache directory", l.directory, l.state,
+               l.entries, static_cast<double>(l.bytes) / 1e6);
+  }
+}
+
+}  // namespace
+
 void add_info_command(CLI::App& app, Runtime*& runtime) {
-  auto* cmd = app.add_subcommand("info", "NVRTC version, driver and devices, kernel cache");
-  cmd->callback([&runtime] {
-    std::string archs;
-    for (const auto& a : supported_archs()) archs += (archs.empty() ? "" : " ") + a;
+  auto* cmd = app.add_subcommand("info", "NVRTC, driver and devices, and the kernel cache's layers");
+  auto json = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json, "print one JSON object instead of text");
+  cmd->callback([&runtime, json] {
+    const nlohmann::json j = info_json(*runtime);
+    if (*json) {
+      print_json(j);
+      return;
+    }
     fmt::print("csa {}\n", version());
-    fmt::print("NVRTC {} (targets: {})\n", nvrtc_version(), archs);
-    const DriverInfo d = runtime->driver_info();
-    if (!d.available) {
-      fmt::print("driver: none ({})\n", d.reason);
+    fmt::print("NVRTC {} (targets: {})\n", nvrtc_version(), fmt::join(supported_archs(), " "));
+    if (!j["driver"]["available"].get<bool>()) {
+      fmt::print("driver: none ({})\n", j["driver"]["reason"].get<std::string>());
     } else {
-      fmt::print("driver: CUDA {}.{}, {} device(s)\n", d.driver_version / 1000,
-                 (d.driver_version % 1000) / 10, d.devices.size());
-      for (const auto& dev : d.devices) {
-        fmt::print("  [{}] {} sm_{}{} {} SMs, L2 {:.0f} MB, {:.1f} GiB\n", dev.ordinal, dev.name,
-                   dev.cc_major, dev.cc_minor, dev.sm_count,
-                   static_cast<double>(dev.l2_bytes) / 1e6,
-                   static_cast<double>(dev.memory_bytes) / double(1 << 30));
+      const int v = j["driver"]["version"].get<int>();
+      fmt::print("driver: CUDA {}.{}, {} device(s)\n", v / 1000, (v % 1000) / 10,
+                 j["devices"].size());
+      for (const auto& dev : j["devices"]) {
+        fmt::print("  [{}] {} {} {} SMs, L2 {:.0f} MB, {:.1f} GiB\n", dev["ordinal"].get<int>(),
+                   dev["name"].get<std::string>(), dev["arch"].get<std::string>(),
+                   dev["sm_count"].get<int>(), dev["l2_bytes"].get<double>() / 1e6,
+                   dev["memory_bytes"].get<double>() / double(1 << 30));
       }
     }
-    const CacheInfo c = runtime->cache_info();
-    fmt::print(
-        "cache: {} ({}), {} entries, {:.1f} MB\n", c.directory.empty() ? "(none)" : c.directory,
-        c.persistent ? "on disk" : "memory only", c.entries, static_cast<double>(c.bytes) / 1e6);
+    print_cache(runtime->cache_info());
   });
+}
+
+void add_cache_command(CLI::App& app, Runtime*& runtime) {
+  auto* cmd = app.add_subcommand("cache", "inspect or clear the kernel cache");
+  cmd->require_subcommand(1);
+  auto json = std::make_shared<bool>(false);
+  auto* info = cmd->add_subcommand("info", "the cache's layers, entries and sizes (creates nothing)");
+  info->add_flag("--json", *json, "print one JSON object instead of text");
+  info->callback([&runtime, json] {
+    const CacheInfo c = runtime->cache_info();
+    if (*json) {
+      print_json(to_json(c));
+    } else {
+      print_cache(c);
+    }
+  });
+  cmd->add_subcommand("clear",
+                      "remove csa's entries (and stale temp files) from the cache directory; "
+                      "other files and the read-only layers are kept")
+      ->callback([&runtime] {
+        const auto removed = runtime->clear_disk_cache();
+        fmt::print("removed {} entries from {}\n", removed, runtime->cache_info().directory);
+      });
 }
 
 }  // namespace csa::tools

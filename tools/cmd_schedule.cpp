@@ -11,7 +11,7 @@ namespace {
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot be read", path));
+  if (!in) throw CLI::ValidationError("FILE", fmt::format("{}: cannot be read", path));
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
@@ -30,12 +30,27 @@ const char* family_name(Family f) {
   }
 }
 
-// The device's arch when there is one, else sm_90.
-std::string default_arch(Runtime& runtime) {
-  const DriverInfo info = runtime.driver_info();
-  if (info.available && !info.devices.empty())
-    return fmt::format("sm_{}{}", info.devices[0].cc_major, info.devices[0].cc_minor);
-  return "sm_90";
+const char* grad_ape_text(const ScheduleChoice& c) {
+  if (!c.grad_ape_atomic) return "fixed order, bitwise run to run";
+  if (c.grad_ape_atomic_needs_claim_words)
+    return "fp32 atomics in one launch; the fixed order when deterministic, and under graph "
+           "capture where a CTA has less than cap rows x window slots or no claim words are left";
+  return "fp32 atomics; the fixed order when deterministic";
+}
+
+nlohmann::json choice_json(const ScheduleChoice& c, const std::string& direction) {
+  nlohmann::json j = {{"direction", direction},
+                      {"family", family_name(c.family)},
+                      {"schedule", c.schedule},
+                      {"contract", c.contract}};
+  if (c.entry >= 0) {
+    j["table"] = {{"arch", c.table_arch}, {"source", c.table_source}, {"entry", c.entry},
+                  {"bucket", c.bucket},   {"rows_min", c.rows_min},   {"rows_max", c.rows_max}};
+  } else {
+    j["table"] = nullptr;
+  }
+  if (direction == "bwd") j["grad_ape"] = grad_ape_text(c);
+  return j;
 }
 
 }  // namespace
@@ -44,66 +59,71 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
   auto* cmd = app.add_subcommand("schedule", "show, select from or validate schedule tables");
   cmd->require_subcommand(1);
 
-  auto* show =
-      cmd->add_subcommand("show", "print the schedule table serving an arch (all: every table)");
+  auto* show = cmd->add_subcommand(
+      "show", "print the schedule table serving an arch as JSON (without --arch: every table, "
+              "by arch)");
   auto show_arch = std::make_shared<std::string>();
-  show->add_option("--arch", *show_arch, "arch such as sm_90 (default: every table)");
+  show->add_option("--arch", *show_arch, "an arch such as sm_90 (default: every table)");
   show->callback([&runtime, show_arch] {
-    const auto archs =
-        show_arch->empty() ? runtime->schedule_table_archs() : std::vector<std::string>{*show_arch};
-    for (const auto& arch : archs) {
-      fmt::print("# table serving {}\n{}", arch, runtime->schedule_table_json(arch));
+    if (!show_arch->empty()) {
+      const std::string arch = resolve_arch(*runtime, *show_arch, "--arch");
+      print_json(nlohmann::json::parse(runtime->schedule_table_json(arch)));
+      return;
     }
+    nlohmann::json all = nlohmann::json::object();
+    for (const auto& arch : runtime->schedule_table_archs())
+      all[arch] = nlohmann::json::parse(runtime->schedule_table_json(arch));
+    print_json(all);
   });
 
-  auto* select = cmd->add_subcommand("select", "the family, bucket and schedule a call gets");
+  auto* select = cmd->add_subcommand(
+      "select", "the family, table bucket, schedule and numerics contract a call gets (the "
+                "runtime's own selection, CSA_SHORT_WINDOW_SCHEDULE and CSA_SCHEDULE_FILE "
+                "included)");
   struct SelectOptions {
     Config config;
     std::int64_t rows = 0;
     std::string arch;
-    std::string direction = "both";
+    std::vector<std::string> directions;
+    bool json = false;
   };
   auto so = std::make_shared<SelectOptions>();
-  select->add_option("--ratio", so->config.ratio)->required();
-  select->add_option("--coff", so->config.coff)->required();
-  select->add_option("--head-dim", so->config.head_dim)->required();
-  select->add_option("--rows", so->rows, "output rows of the call (total_comp)")->required();
-  select->add_option("--arch", so->arch, "arch such as sm_90 (default: device 0, else sm_90)");
-  select->add_option("--direction", so->direction, "forward, backward or both")
-      ->check(CLI::IsMember({"forward", "backward", "both"}));
+  add_config_options(select, so->config);
+  select->add_option("--rows", so->rows, "output rows of the call (total_comp)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  select->add_option("--arch", so->arch, "an arch such as sm_90 (default: device 0's)");
+  add_direction_option(select, so->directions, kDirections);
+  select->add_flag("--json", so->json, "print one JSON object instead of text");
   select->callback([&runtime, so] {
-    const Config& config = so->config;
-    const std::int64_t rows = so->rows;
-    const std::string& arch = so->arch;
-    const std::string& direction = so->direction;
-    const std::string a = arch.empty() ? default_arch(*runtime) : arch;
-    for (Direction d : {Direction::kForward, Direction::kBackward}) {
-      const char* name = d == Direction::kForward ? "forward" : "backward";
-      if (direction != "both" && direction != name) continue;
-      const ScheduleChoice c = runtime->select_schedule(config, d, rows, a);
+    const Config& c = so->config;
+    const std::string arch = resolve_arch(*runtime, so->arch, "--arch");
+    nlohmann::json out = {{"config", to_json(c)}, {"rows", so->rows}, {"arch", arch},
+                          {"choices", nlohmann::json::array()}};
+    for (const auto& [d, name] : {std::pair{Direction::kForward, "fwd"},
+                                  std::pair{Direction::kBackward, "bwd"}}) {
+      if (!wants(so->directions, name)) continue;
+      const ScheduleChoice choice = runtime->select_schedule(c, d, so->rows, arch);
+      out["choices"].push_back(choice_json(choice, name));
+      if (so->json) continue;
       std::string where = "built-in rule";
-      if (c.entry >= 0) {
-        where = fmt::format("{} entries[{}].buckets[{}], rows {}..{}", c.table_source, c.entry,
-                            c.bucket, c.rows_min,
-                            c.rows_max < 0 ? std::string("inf") : std::to_string(c.rows_max));
+      if (choice.entry >= 0) {
+        where = fmt::format(
+            "{} entries[{}].buckets[{}], rows {}..{}", choice.table_source, choice.entry,
+            choice.bucket, choice.rows_min,
+            choice.rows_max < 0 ? std::string("inf") : std::to_string(choice.rows_max));
       }
-      const char* ape =
-          d == Direction::kForward ? ""
-          : !c.grad_ape_atomic     ? "; grad_ape in a fixed order, bitwise run to run"
-          : c.grad_ape_atomic_needs_claim_words
-              ? "; grad_ape by fp32 atomics in one launch, in a fixed order when deterministic "
-                "and under graph capture where a CTA has less than cap rows x window slots or "
-                "no claim words are left"
-              : "; grad_ape by fp32 atomics, fixed order when deterministic";
-      fmt::print("{:<8} {} ratio={} coff={} head_dim={} rows={} on {}: {}\n  {} ({} contract{})\n",
-                 name, family_name(c.family), config.ratio, config.coff, config.head_dim, rows, a,
-                 where, c.schedule, c.contract, ape);
+      fmt::print("{} {} {} rows={} on {}: {}\n  {} ({} contract{}{})\n", name,
+                 family_name(choice.family), format_config(c), so->rows, arch, where,
+                 choice.schedule, choice.contract, d == Direction::kBackward ? "; grad_ape: " : "",
+                 d == Direction::kBackward ? grad_ape_text(choice) : "");
     }
+    if (so->json) print_json(out);
   });
 
   auto* validate = cmd->add_subcommand("validate", "check a schedule table file");
   auto file = std::make_shared<std::string>();
-  validate->add_option("file", *file, "JSON schedule table")->required();
+  validate->add_option("FILE", *file, "a JSON schedule table")->required();
   validate->callback([file] {
     validate_schedule_table(read_file(*file), *file);
     fmt::print("{}: valid\n", *file);

@@ -30,7 +30,7 @@ struct TuneOptions {
   int reps = 7;
   std::uint64_t seed = 4321;
   std::string out;
-  std::string direction = "both";
+  std::vector<std::string> directions;  // empty: both
 };
 
 // The SPEC §2 item 3 rule (or bit equality) against the reference kernels, with a margin: a
@@ -106,8 +106,7 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
   std::vector<nlohmann::json> entries;
   nlohmann::json record = nlohmann::json::array();
   for (Direction dir : {Direction::kForward, Direction::kBackward}) {
-    if (o.direction != "both" &&
-        o.direction != (dir == Direction::kForward ? "forward" : "backward"))
+    if (!wants(o.directions, dir == Direction::kForward ? "fwd" : "bwd"))
       continue;  // the table's entry of this direction stays as it is
     const char* dname = dir == Direction::kForward ? "forward" : "backward";
     // The candidates as the loader fits them (each measured once, under the name it runs),
@@ -287,18 +286,20 @@ void add_tune_command(CLI::App& app, Runtime*& runtime) {
   auto opts = std::make_shared<TuneOptions>();
   auto* cmd =
       app.add_subcommand("tune", "measure long-window schedules on this GPU and write a table");
-  cmd->add_option("--ratio", opts->config.ratio)->required();
-  cmd->add_option("--coff", opts->config.coff)->required();
-  cmd->add_option("--head-dim", opts->config.head_dim)->required();
-  cmd->add_option("--rows", opts->rows, "output row counts to measure (default 32 64 256 1024)")
-      ->delimiter(',');
-  cmd->add_option("--device", opts->device, "device ordinal");
-  cmd->add_option("--reps", opts->reps, "timed repetitions per candidate (median)");
-  cmd->add_option("--seed", opts->seed, "input seed");
-  cmd->add_option("--out", opts->out, "output table (default csa-tuned-<arch>.json)");
-  cmd->add_option("--direction", opts->direction,
-                  "tune only this direction; the other keeps its current table entry")
-      ->check(CLI::IsMember({"forward", "backward", "both"}));
+  add_config_options(cmd, opts->config);
+  cmd->add_option("--rows", opts->rows, "output row counts to measure, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 24));
+  cmd->add_option("--device", opts->device, "device ordinal")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--reps", opts->reps, "timed repetitions per candidate (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  cmd->add_option("--seed", opts->seed, "input seed")->capture_default_str();
+  cmd->add_option("--out", opts->out, "output table (default: csa-tuned-<arch>.json)");
+  add_direction_option(cmd, opts->directions, kDirections);
   cmd->callback([opts, &runtime] { run_tune(*runtime, *opts); });
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "csa/csa.hpp"
+#include "cli_common.hpp"
 #include "parse.hpp"
 
 namespace csa::tools {

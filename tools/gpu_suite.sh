@@ -73,7 +73,7 @@ else
 fi
 
 if want bench; then
-  "$build/csa" bench --json "$out/bench.json" >"$out/bench.txt" 2>&1
+  "$build/csa" bench --save "$out/bench.json" >"$out/bench.txt" 2>&1
   summary+=("bench: rc=$?")
 fi
 
@@ -89,7 +89,7 @@ if want long; then
   for c in 128,1,128 128,2,128 128,1,512 128,2,512; do
     for pack in 1x4096 1x8192 1x65536 1x131072; do long_shapes+=(-s "$c,$pack"); done
   done
-  "$build/csa" bench --no-jit --json "$out/bench_long.json" "${long_shapes[@]}" >"$out/bench_long.txt" 2>&1
+  "$build/csa" bench --no-jit --save "$out/bench_long.json" "${long_shapes[@]}" >"$out/bench_long.txt" 2>&1
   summary+=("bench long-window: rc=$?")
 fi
 
@@ -100,10 +100,10 @@ if want torch; then
   for s in 4,2,128,1x8192 4,2,512,3x8192 128,1,512,1x4096 2,2,512,1x4096; do
     torch_shapes+=(-s "$s")
   done
-  "$build/csa" bench --no-jit --direction fwd --direction bwd --json "$out/bench_torch_kernels.json" \
+  "$build/csa" bench --no-jit --direction fwd --direction bwd --save "$out/bench_torch_kernels.json" \
     "${torch_shapes[@]}" >"$out/bench_torch_kernels.txt" 2>&1
   python3 tools/bench_torch.py --csa-bench "$out/bench_torch_kernels.json" \
-    --json "$out/bench_torch.json" >"$out/bench_torch.txt" 2>&1
+    --save "$out/bench_torch.json" >"$out/bench_torch.txt" 2>&1
   summary+=("torch bench: rc=$?")
 fi
 

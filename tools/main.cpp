@@ -1,3 +1,6 @@
+// The csa command-line tool. Exit codes: 0 success, 1 a failure (a csa::Error or another
+// error while running), 2 a usage error (an option, value or configuration the command cannot
+// take; the message names it).
 #include <fmt/format.h>
 
 #include <memory>
@@ -5,7 +8,9 @@
 #include "commands.hpp"
 
 int main(int argc, char** argv) try {
-  CLI::App app{"csa: fused CUDA kernels for the CSA/HCA Compressor (runtime-compiled with NVRTC)"};
+  CLI::App app{
+      "csa: fused CUDA kernels for the CSA/HCA Compressor (runtime-compiled with NVRTC).\n"
+      "A configuration is written ratio=R,coff=C,head_dim=D (short form: R,C,D)."};
   app.require_subcommand(1);
   app.set_version_flag("--version", csa::version());
   // One Runtime for the process, built after parsing so that commands may adjust options.
@@ -24,7 +29,8 @@ int main(int argc, char** argv) try {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints help, the version, or the usage error
+    return code == 0 ? 0 : 2;
   } catch (const std::exception& e) {  // csa::Error and anything else: a message, exit 1
     fmt::print(stderr, "{}\n", e.what());
     return 1;

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Fresh machine to first result: install, build, prewarm the default configurations, then a
-# short benchmark on a GPU if there is one, else compile for sm_90 without a GPU.
+# A fresh machine to a first result: installs what is needed (apt, pip), builds the library and
+# the CLI, installs the Python package, then prewarms the production set and benchmarks it on a
+# GPU, or, without one, compiles it for sm_90 and runs the README's Python quick start on meta
+# tensors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${CSA_BUILD_DIR:-build}
+python=${PYTHON:-python3}
 tools/install_deps.sh
 export PATH=$PATH:/usr/local/cuda/bin
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build"
+"$python" -m pip install --quiet --no-build-isolation .
 "$build/csa" info
 if "$build/csa" info | grep -q '^driver: CUDA'; then
   "$build/csa" prewarm
@@ -15,3 +19,4 @@ if "$build/csa" info | grep -q '^driver: CUDA'; then
 else
   "$build/csa" prewarm --arch sm_90
 fi
+(cd /tmp && "$python" -c 'import csa; print("python package: csa", csa.version())')

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything and runs the whole test suite: the C++ tests (GPU tests skip without a
-# GPU), the fake-driver concurrency tests under ThreadSanitizer, the CPU tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and bounded runs of the fuzzers.
+# GPU), the CMake package, the Python package and its tests, the fake-driver concurrency tests
+# under ThreadSanitizer, the CPU tests under AddressSanitizer + UndefinedBehaviorSanitizer, and
+# bounded runs of the fuzzers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${CSA_BUILD_DIR:-build}
@@ -11,6 +12,10 @@ export PATH=$PATH:/usr/local/cuda/bin
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCSA_WARNINGS_AS_ERRORS=ON
 cmake --build "$build"
 (cd "$build" && ctest --output-on-failure -j "$(nproc)")
+
+# The installed package as a user meets it: find_package, add_subdirectory, pkg-config, the
+# installed CLI, the exported symbols.
+tests/test_package.sh "$build"
 
 # The Python package as a user installs it (pip builds libcsa into it), and its tests (the GPU
 # ones skip without a GPU).

@@ -92,7 +92,8 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
   ScheduleChoice choice;
   choice.family = impl_->service.resolve(config, Family::kAuto, a);
   if (choice.family == Family::kShortWindow) {
-    const schedule::ShortWindowSchedule s = schedule::select_short_window(config);
+    // The schedule the launch path uses, CSA_SHORT_WINDOW_SCHEDULE included.
+    const schedule::ShortWindowSchedule s = impl_->service.schedule_for(config);
     choice.schedule = s.describe();
     choice.contract = "bitwise";
     choice.grad_ape_atomic =

@@ -43,11 +43,8 @@ struct LongWindowSlots {
 // Lanes per column of the long-window scalar grad_ape reduction kernel.
 inline constexpr int kApeReduceLanes = 8;
 // Lanes over the row groups of the 16-byte reduction, one kernel each: a call with at most 8
-// groups per lane takes the fewest lanes that do it; more groups take the scalar kernel.
-// H200, long-window backward kernel us (scalar -> 16-byte): 8 groups (128,2,512) 1x4096
-// 21.7 -> 19.1, 1x8192 34.4 -> 32.0, 1x65536 209.9 -> 208.1; 16 groups (128,1,512) 1x131072
-// 196.5 -> 193.1; but 4 or 8 lanes over 32-66 groups ran slower (128,1,128,1x8192 8.1 -> 9.0,
-// 1x65536 28.0 -> 28.9; 128,2,128,1x4096 9.7 -> 10.2).
+// groups per lane takes the fewest lanes that do it; more groups take the scalar kernel,
+// which measured faster there (docs/notes/measurements.md).
 inline constexpr std::array<int, 2> kApeReduceQuadLanes = {1, 2};
 
 struct CompileOptions {

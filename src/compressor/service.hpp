@@ -94,6 +94,8 @@ class Service {
   std::shared_ptr<const schedule::ScheduleSet> schedules() const;
   // The family serving `config` on `arch` (kAuto routed by the table).
   Family resolve(const Config& config, Family family, const std::string& arch) const;
+  // The short-window schedule of `config` (the rule, then CSA_SHORT_WINDOW_SCHEDULE).
+  schedule::ShortWindowSchedule schedule_for(const Config& config) const;
   // The current context's device; throws when the thread has no current context.
   int current_device();
   // Makes `device`'s primary context current on the calling thread unless a context of that
@@ -114,7 +116,6 @@ class Service {
   cache::ModuleCache& modules();
   // The module of `spec` loaded on the driver (compiled or read from the cache first).
   std::shared_ptr<const cache::LoadedModule> load_module(const ModuleSpec& spec, bool* compiled);
-  schedule::ShortWindowSchedule schedule_for(const Config& config) const;
   ModuleSpec long_window_spec(const Config& config, const std::string& arch,
                               const schedule::ScheduleSet& set,
                               std::vector<schedule::LongWindowSchedule>* forward,

@@ -22,7 +22,7 @@ bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
 
 namespace {
 
-// Narrow column blocks with many row lanes measured faster on the H200 (more rows in flight).
+// Narrow column blocks with many row lanes measured faster (more rows in flight).
 int backward_block_x(int ncv) {
   return std::min(ncv, 32);
 }
@@ -103,22 +103,19 @@ ShortWindowSchedule select_short_window(const Config& c,
   const int window = c.coff * c.ratio;
   s.forward_vec = even ? 2 : 1;
   s.forward_wide_vec = c.head_dim % 4 == 0 ? 4 : s.forward_vec;
-  // Threads per CTA, H200 kernel us (256 -> 128 for both forwards): the narrow forward
-  // 4,2,512,1x4096 7.93 -> 7.82, 2,2,128,1x8192 4.69 -> 4.64, none slower; the wide one
-  // 4,2,512,1x8192 13.20 -> 13.90 and 4,2,128,3x8192 10.55 -> 11.00, so it keeps 256.
+  // Threads per CTA: 128 measured faster for the narrow forward and slower for the wide one,
+  // which keeps 256.
   s.forward_narrow_threads = 128;
   s.forward_threads = 256;
   // Backward keeps e, kv and grad_ape partials per slot: narrow vectors for wide windows.
   s.backward_vec = (even && window <= 16) ? 2 : 1;
   // grad_ape: the fixed-order reduction (partials + one small kernel, bitwise deterministic)
-  // measured faster on the H200 for narrow rows (W < 512); fp32 atomics into a zeroed grad_ape
+  // measured faster for narrow rows (W < 512); fp32 atomics into a zeroed grad_ape
   // measured ~5% faster for wide ones (W = 1024).
   s.fixed_order_default = c.coff * c.head_dim < 512;
   // The fixed-order reduction reads one partial per row group (~50-200): 16 lanes per column
-  // issue them in one batch of loads (8 lanes needed two). H200, kernel us at 1x4096 (8 -> 16
-  // lanes): 4,2,128 6.63 -> 6.40, 2,2,128 7.08 -> 6.67, 4,2,512 deterministic 15.55 -> 15.37;
-  // only 2,2,512 (deterministic) measured slower with 16 (15.14 -> 15.76), so ratio <= 2 with
-  // coff * head_dim >= 1024 keeps 8.
+  // issue them in one batch of loads (8 lanes needed two); only ratio <= 2 with
+  // coff * head_dim >= 1024 (deterministic) measured slower with 16, so it keeps 8.
   s.reduce_lanes = (c.ratio <= 2 && c.coff * c.head_dim >= 1024) ? 8 : 16;
   if (override_spec) apply_override(s, c, *override_spec);
   if (!override_spec || override_spec->find("tx=") == std::string::npos) {

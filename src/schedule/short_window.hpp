@@ -30,7 +30,7 @@ struct ShortWindowSchedule {
   // A default (not deterministic) backward that fixed_order_default gives two launches (rows,
   // then the reduction) takes the atomic form in one launch instead, with claim words: half
   // the host time outside capture, and faster in a replayed graph too since the claimant
-  // zeroes grad_ape at its start (4,2,128,1x4096 6.25 -> 5.55 us). Under capture only where a
+  // zeroes grad_ape at its start. Under capture only where a
   // CTA has at least captured_one_launch_min rows x window slots of work (0: always; an
   // override for measuring), and where the Runtime has claim words left for graphs; else the
   // fixed order.

@@ -1,0 +1,93 @@
+#include "cli_common.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+
+namespace csa::tools {
+
+void add_config_options(CLI::App* cmd, Config& config) {
+  cmd->add_option("--ratio", config.ratio, "tokens pooled per row")
+      ->required()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--coff", config.coff, "1: own-block window; 2: overlapping window")
+      ->required()
+      ->check(CLI::Range(1, 2));
+  cmd->add_option("--head-dim", config.head_dim, "columns of an output row")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+}
+
+void add_direction_option(CLI::App* cmd, std::vector<std::string>& directions,
+                          const std::vector<std::string>& allowed) {
+  std::string all;
+  for (const auto& d : allowed) all += (all.empty() ? "" : ", ") + d;
+  cmd->add_option("--direction", directions,
+                  fmt::format("only these directions, repeatable: {} (default: all)", all))
+      ->check(CLI::IsMember(allowed));
+}
+
+bool wants(const std::vector<std::string>& directions, const std::string& d) {
+  return directions.empty() || std::find(directions.begin(), directions.end(), d) != directions.end();
+}
+
+std::string resolve_arch(Runtime& runtime, const std::string& arch, const std::string& option) {
+  if (!arch.empty()) {
+    const auto archs = supported_archs();
+    const std::string base =
+        arch.back() == 'a' || arch.back() == 'f' ? arch.substr(0, arch.size() - 1) : arch;
+    const auto number = [](const std::string& a) {
+      int cc = 0;
+      const char* end = a.data() + a.size();
+      const auto [ptr, ec] = std::from_chars(a.data() + std::min<std::size_t>(3, a.size()), end, cc);
+      return a.rfind("sm_", 0) == 0 && ec == std::errc() && ptr == end ? cc : -1;
+    };
+    if (std::find(archs.begin(), archs.end(), base) == archs.end() || number(base) < 80) {
+      std::string list;
+      for (const auto& a : archs)
+        if (number(a) >= 80) list += (list.empty() ? "" : ", ") + a;
+      throw CLI::ValidationError(
+          option, fmt::format("'{}' is not an arch this NVRTC compiles for csa (one of: {})", arch,
+                              list));
+    }
+    return arch;
+  }
+  const DriverInfo info = runtime.driver_info();
+  if (info.available && !info.devices.empty())
+    return fmt::format("sm_{}{}", info.devices[0].cc_major, info.devices[0].cc_minor);
+  throw CLI::ValidationError(option,
+                             fmt::format("no GPU here ({}); name the arch to use, e.g. {} sm_90",
+                                         info.available ? "no device" : info.reason, option));
+}
+
+void print_json(const nlohmann::json& j) {
+  fmt::print("{}\n", j.dump(2));
+}
+
+nlohmann::json to_json(const Config& c) {
+  return {{"ratio", c.ratio}, {"coff", c.coff}, {"head_dim", c.head_dim}};
+}
+
+nlohmann::json to_json(const PrewarmReport& r) {
+  return {{"config", to_json(r.config)}, {"arch", r.arch},
+          {"key", r.key},                {"compiled", r.compiled},
+          {"source", r.source},          {"seconds", r.seconds},
+          {"kernels", r.kernels},        {"max_registers", r.max_registers},
+          {"spill_bytes", r.spill_bytes}, {"stack_bytes", r.stack_bytes}};
+}
+
+nlohmann::json to_json(const CacheInfo& c) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : c.layers) {
+    layers.push_back({{"directory", l.directory},
+                      {"read_only_layer", l.read_only_layer},
+                      {"state", l.state},
+                      {"entries", l.entries},
+                      {"bytes", l.bytes}});
+  }
+  return {{"directory", c.directory}, {"persistent", c.persistent}, {"entries", c.entries},
+          {"bytes", c.bytes},         {"max_bytes", c.max_bytes},   {"layers", layers}};
+}
+
+}  // namespace csa::tools
