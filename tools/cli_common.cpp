@@ -29,7 +29,8 @@ void add_direction_option(CLI::App* cmd, std::vector<std::string>& directions,
 }
 
 bool wants(const std::vector<std::string>& directions, const std::string& d) {
-  return directions.empty() || std::find(directions.begin(), directions.end(), d) != directions.end();
+  return directions.empty() ||
+         std::find(directions.begin(), directions.end(), d) != directions.end();
 }
 
 std::string resolve_arch(Runtime& runtime, const std::string& arch, const std::string& option) {
@@ -40,7 +41,8 @@ std::string resolve_arch(Runtime& runtime, const std::string& arch, const std::s
     const auto number = [](const std::string& a) {
       int cc = 0;
       const char* end = a.data() + a.size();
-      const auto [ptr, ec] = std::from_chars(a.data() + std::min<std::size_t>(3, a.size()), end, cc);
+      const auto [ptr, ec] =
+          std::from_chars(a.data() + std::min<std::size_t>(3, a.size()), end, cc);
       return a.rfind("sm_", 0) == 0 && ec == std::errc() && ptr == end ? cc : -1;
     };
     if (std::find(archs.begin(), archs.end(), base) == archs.end() || number(base) < 80) {
@@ -48,8 +50,8 @@ std::string resolve_arch(Runtime& runtime, const std::string& arch, const std::s
       for (const auto& a : archs)
         if (number(a) >= 80) list += (list.empty() ? "" : ", ") + a;
       throw CLI::ValidationError(
-          option, fmt::format("'{}' is not an arch this NVRTC compiles for csa (one of: {})", arch,
-                              list));
+          option,
+          fmt::format("'{}' is not an arch this NVRTC compiles for csa (one of: {})", arch, list));
     }
     return arch;
   }
@@ -70,11 +72,16 @@ nlohmann::json to_json(const Config& c) {
 }
 
 nlohmann::json to_json(const PrewarmReport& r) {
-  return {{"config", to_json(r.config)}, {"arch", r.arch},
-          {"key", r.key},                {"compiled", r.compiled},
-          {"source", r.source},          {"seconds", r.seconds},
-          {"kernels", r.kernels},        {"max_registers", r.max_registers},
-          {"spill_bytes", r.spill_bytes}, {"stack_bytes", r.stack_bytes}};
+  return {{"config", to_json(r.config)},
+          {"arch", r.arch},
+          {"key", r.key},
+          {"compiled", r.compiled},
+          {"source", r.source},
+          {"seconds", r.seconds},
+          {"kernels", r.kernels},
+          {"max_registers", r.max_registers},
+          {"spill_bytes", r.spill_bytes},
+          {"stack_bytes", r.stack_bytes}};
 }
 
 nlohmann::json to_json(const CacheInfo& c) {

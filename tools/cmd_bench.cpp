@@ -252,9 +252,9 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
              "kernel: CUDA-graph replay of back-to-back calls over input sets rotated past the L2 "
              "(median); L2warm: one set; stream: the same calls launched on a stream; host: wall "
              "clock of one call issued to an idle stream\n");
-  fmt::print(text, "{:<42} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n",
-             "shape", "dir", "MB", "floor us", "kernel us", "ratio", "L2warm", "stream", "host us",
-             "target", "ok");
+  fmt::print(text, "{:<42} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n", "shape",
+             "dir", "MB", "floor us", "kernel us", "ratio", "L2warm", "stream", "host us", "target",
+             "ok");
   for (const auto& shape : shapes) {
     for (const auto& row : bench_shape(rt, stream.get(), shape, o, bandwidth, dev.l2_bytes)) {
       fmt::print(

@@ -17,19 +17,19 @@ nlohmann::json info_json(Runtime& runtime) {
                        {"l2_bytes", dev.l2_bytes},
                        {"memory_bytes", dev.memory_bytes}});
   }
-  return {{"version", version()},
-          {"nvrtc", nvrtc_version()},
-          {"nvrtc_archs", supported_archs()},
-          {"driver", {{"available", d.available}, {"reason", d.reason}, {"version", d.driver_version}}},
-          {"devices", devices},
-          {"cache", to_json(runtime.cache_info())}};
+  return {
+      {"version", version()},
+      {"nvrtc", nvrtc_version()},
+      {"nvrtc_archs", supported_archs()},
+      {"driver", {{"available", d.available}, {"reason", d.reason}, {"version", d.driver_version}}},
+      {"devices", devices},
+      {"cache", to_json(runtime.cache_info())}};
 }
 
 void print_cache(const CacheInfo& c) {
   fmt::print("cache: {} ({}), {} entries, {:.1f} MB, bound {:.1f} GB\n",
-             c.directory.empty() ? "(none)" : c.directory,
-             c.persistent ? "on disk" : "memory only", c.entries,
-             static_cast<double>(c.bytes) / 1e6, static_cast<double>(c.max_bytes) / 1e9);
+             c.directory.empty() ? "(none)" : c.directory, c.persistent ? "on disk" : "memory only",
+             c.entries, static_cast<double>(c.bytes) / 1e6, static_cast<double>(c.max_bytes) / 1e9);
   for (const auto& l : c.layers) {
     fmt::print("  {} {}: {}, {} entries, {:.1f} MB\n",
                l.read_only_layer ? "read-only layer" : "cache directory", l.directory, l.state,
@@ -40,7 +40,8 @@ void print_cache(const CacheInfo& c) {
 }  // namespace
 
 void add_info_command(CLI::App& app, Runtime*& runtime) {
-  auto* cmd = app.add_subcommand("info", "NVRTC, driver and devices, and the kernel cache's layers");
+  auto* cmd =
+      app.add_subcommand("info", "NVRTC, driver and devices, and the kernel cache's layers");
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "print one JSON object instead of text");
   cmd->callback([&runtime, json] {
@@ -72,7 +73,8 @@ void add_cache_command(CLI::App& app, Runtime*& runtime) {
   auto* cmd = app.add_subcommand("cache", "inspect or clear the kernel cache");
   cmd->require_subcommand(1);
   auto json = std::make_shared<bool>(false);
-  auto* info = cmd->add_subcommand("info", "the cache's layers, entries and sizes (creates nothing)");
+  auto* info =
+      cmd->add_subcommand("info", "the cache's layers, entries and sizes (creates nothing)");
   info->add_flag("--json", *json, "print one JSON object instead of text");
   info->callback([&runtime, json] {
     const CacheInfo c = runtime->cache_info();

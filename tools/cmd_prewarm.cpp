@@ -68,7 +68,8 @@ class Progress {
   void tick() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
       std::string names;
       for (const auto& r : running_) names += (names.empty() ? "" : ", ") + r.second;
       fmt::print(stderr, "\r\x1b[K[{}/{}] {:.1f} s, compiling or loading: {}", done_, total_, s,
@@ -122,8 +123,9 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
         const std::string name = job_name(jobs[i]);
         progress.start(i, name);
         try {
-          reports[i] = jobs[i].arch.empty() ? runtime.prewarm(jobs[i].config, o.device)
-                                            : runtime.compile_for_arch(jobs[i].config, jobs[i].arch);
+          reports[i] = jobs[i].arch.empty()
+                           ? runtime.prewarm(jobs[i].config, o.device)
+                           : runtime.compile_for_arch(jobs[i].config, jobs[i].arch);
         } catch (const std::exception& e) {  // nothing may escape a worker thread
           errors[i] = e.what();
         }

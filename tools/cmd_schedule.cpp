@@ -60,8 +60,9 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
   cmd->require_subcommand(1);
 
   auto* show = cmd->add_subcommand(
-      "show", "print the schedule table serving an arch as JSON (without --arch: every table, "
-              "by arch)");
+      "show",
+      "print the schedule table serving an arch as JSON (without --arch: every table, "
+      "by arch)");
   auto show_arch = std::make_shared<std::string>();
   show->add_option("--arch", *show_arch, "an arch such as sm_90 (default: every table)");
   show->callback([&runtime, show_arch] {
@@ -77,9 +78,10 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
   });
 
   auto* select = cmd->add_subcommand(
-      "select", "the family, table bucket, schedule and numerics contract a call gets (the "
-                "runtime's own selection, CSA_SHORT_WINDOW_SCHEDULE and CSA_SCHEDULE_FILE "
-                "included)");
+      "select",
+      "the family, table bucket, schedule and numerics contract a call gets (the "
+      "runtime's own selection, CSA_SHORT_WINDOW_SCHEDULE and CSA_SCHEDULE_FILE "
+      "included)");
   struct SelectOptions {
     Config config;
     std::int64_t rows = 0;
@@ -98,20 +100,22 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
   select->callback([&runtime, so] {
     const Config& c = so->config;
     const std::string arch = resolve_arch(*runtime, so->arch, "--arch");
-    nlohmann::json out = {{"config", to_json(c)}, {"rows", so->rows}, {"arch", arch},
+    nlohmann::json out = {{"config", to_json(c)},
+                          {"rows", so->rows},
+                          {"arch", arch},
                           {"choices", nlohmann::json::array()}};
-    for (const auto& [d, name] : {std::pair{Direction::kForward, "fwd"},
-                                  std::pair{Direction::kBackward, "bwd"}}) {
+    for (const auto& [d, name] :
+         {std::pair{Direction::kForward, "fwd"}, std::pair{Direction::kBackward, "bwd"}}) {
       if (!wants(so->directions, name)) continue;
       const ScheduleChoice choice = runtime->select_schedule(c, d, so->rows, arch);
       out["choices"].push_back(choice_json(choice, name));
       if (so->json) continue;
       std::string where = "built-in rule";
       if (choice.entry >= 0) {
-        where = fmt::format(
-            "{} entries[{}].buckets[{}], rows {}..{}", choice.table_source, choice.entry,
-            choice.bucket, choice.rows_min,
-            choice.rows_max < 0 ? std::string("inf") : std::to_string(choice.rows_max));
+        where =
+            fmt::format("{} entries[{}].buckets[{}], rows {}..{}", choice.table_source,
+                        choice.entry, choice.bucket, choice.rows_min,
+                        choice.rows_max < 0 ? std::string("inf") : std::to_string(choice.rows_max));
       }
       fmt::print("{} {} {} rows={} on {}: {}\n  {} ({} contract{}{})\n", name,
                  family_name(choice.family), format_config(c), so->rows, arch, where,

@@ -4,8 +4,8 @@
 # over the ring backwards, and the benchmarks (csa bench, the launch benchmark, the PyTorch
 # comparison). Full logs go to OUTDIR; a summary is printed last.
 #   tools/gpu_suite.sh OUTDIR [BUILD_DIR]
-# CSA_SUITE_PARTS: the parts to run, ','-separated, of tests, atomic, sanitizers, python,
-#   bench, launch, long, torch (default: all).
+# CSA_SUITE_PARTS: the parts to run, ','-separated, of tests, atomic, prebuilt, sanitizers,
+#   python, bench, launch, long, torch (default: all).
 # CSA_SUITE_VARIANTS: extra benchmark runs, ';'-separated CSA_SHORT_WINDOW_SCHEDULE values.
 # The Python package is taken from python/ with CSA_LIBRARY=BUILD_DIR/libcsa.so.0 unless an
 # installed one is importable.
@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=$PATH:/usr/local/cuda/bin
 CSA_CACHE_DIR=${CSA_CACHE_DIR:-$(mktemp -d)/csa}
 export CSA_CACHE_DIR
-parts=",${CSA_SUITE_PARTS:-tests,atomic,sanitizers,python,bench,launch,long,torch},"
+parts=",${CSA_SUITE_PARTS:-tests,atomic,prebuilt,sanitizers,python,bench,launch,long,torch},"
 want() { [[ $parts == *",$1,"* ]]; }
 if ! python3 -c 'import csa' 2>/dev/null; then
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
@@ -48,6 +48,17 @@ if want atomic; then
   CSA_SHORT_WINDOW_SCHEDULE=fixed=0 "$build/tests/csa_gpu_tests" --gtest_filter='Configs/*:Gpu.NothingToPool*' \
     >"$out/gpu_tests_atomic.log" 2>&1
   summary+=("gpu tests, atomic grad_ape: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_atomic.log" | tr '\n' ' ')")
+fi
+
+if want prebuilt && [ -d "$build/csa-kernels" ]; then
+  # The prebuilt layer beside the library serves the production set with JIT off and an empty
+  # cache directory (the CLI and the Python package).
+  empty=$(mktemp -d)/cache
+  CSA_DISABLE_JIT=1 CSA_CACHE_DIR=$empty "$build/csa" prewarm >"$out/prebuilt.txt" 2>&1
+  rc=$?
+  CSA_DISABLE_JIT=1 CSA_CACHE_DIR=$empty python3 -c 'import csa; print(csa.prewarm())' \
+    >>"$out/prebuilt.txt" 2>&1
+  summary+=("prebuilt layer, JIT off: cli rc=$rc, python rc=$?, $(grep -c 'csa-kernels' "$out/prebuilt.txt") served from csa-kernels")
 fi
 
 if want python; then
