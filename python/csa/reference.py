@@ -12,10 +12,13 @@ __all__ = ["compress_eager", "compress_megatron_thd"]
 
 
 def compress_eager(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
-                   cu_seqlens_comp: Tensor, *, ratio: int, coff: int,
-                   total_comp: int) -> Tensor:
+                   cu_seqlens_comp: Tensor, *, ratio: int, coff: int, total_comp: int,
+                   serial: bool = False) -> Tensor:
     """The same contract as :func:`csa.compress` (padding rows past ``cu_seqlens_comp[-1]``
-    are block 0 of a segment starting at token 0)."""
+    are block 0 of a segment starting at token 0). ``serial``: the softmax's denominator and
+    the weighted sum add the window's slots one after the other, in slot order (the previous
+    block's first), as the numerics contract's fp32 reference does; otherwise as
+    ``torch.softmax`` and ``.sum`` reduce."""
     rank3 = kv.dim() == 3
     width = kv.shape[-1]
     kv2 = kv.reshape(-1, width)
@@ -44,8 +47,19 @@ def compress_eager(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
             first, float("-inf"))
         kv_w = torch.cat([prev_kv, kv_w[..., d:]], dim=1)
         score_w = torch.cat([prev_score, score_w[..., d:]], dim=1)
-    weights = torch.softmax(score_w, dim=1)
-    out = (kv_w * weights).sum(dim=1).to(kv.dtype)
+    if serial:
+        e = torch.exp(score_w - score_w.amax(dim=1, keepdim=True))
+        den = e[:, 0]
+        for k in range(1, e.shape[1]):
+            den = den + e[:, k]
+        weights = e / den[:, None]
+        acc = kv_w[:, 0] * weights[:, 0]
+        for k in range(1, e.shape[1]):
+            acc = acc + kv_w[:, k] * weights[:, k]
+        out = acc.to(kv.dtype)
+    else:
+        weights = torch.softmax(score_w, dim=1)
+        out = (kv_w * weights).sum(dim=1).to(kv.dtype)
     return out.unsqueeze(1) if rank3 else out
 
 
