@@ -65,7 +65,7 @@ def find_library(
             return candidate
     configured = env.get("CSA_LIBRARY", "")
     if configured:
-        path = Path(configured)
+        path = Path(configured).resolve()
         if not path.is_file():
             raise LibraryError(f"CSA_LIBRARY={configured!r} is not a file; {_HOW_TO}")
         return path
