@@ -84,17 +84,4 @@ nlohmann::json to_json(const PrewarmReport& r) {
           {"stack_bytes", r.stack_bytes}};
 }
 
-nlohmann::json to_json(const CacheInfo& c) {
-  nlohmann::json layers = nlohmann::json::array();
-  for (const auto& l : c.layers) {
-    layers.push_back({{"directory", l.directory},
-                      {"read_only_layer", l.read_only_layer},
-                      {"state", l.state},
-                      {"entries", l.entries},
-                      {"bytes", l.bytes}});
-  }
-  return {{"directory", c.directory}, {"persistent", c.persistent}, {"entries", c.entries},
-          {"bytes", c.bytes},         {"max_bytes", c.max_bytes},   {"layers", layers}};
-}
-
 }  // namespace csa::tools

@@ -30,7 +30,6 @@ std::string resolve_arch(Runtime& runtime, const std::string& arch, const std::s
 void print_json(const nlohmann::json& j);
 
 nlohmann::json to_json(const PrewarmReport& r);
-nlohmann::json to_json(const CacheInfo& c);
 nlohmann::json to_json(const Config& c);
 
 }  // namespace csa::tools

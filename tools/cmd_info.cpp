@@ -6,26 +6,6 @@ namespace csa::tools {
 
 namespace {
 
-nlohmann::json info_json(Runtime& runtime) {
-  const DriverInfo d = runtime.driver_info();
-  nlohmann::json devices = nlohmann::json::array();
-  for (const auto& dev : d.devices) {
-    devices.push_back({{"ordinal", dev.ordinal},
-                       {"name", dev.name},
-                       {"arch", fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor)},
-                       {"sm_count", dev.sm_count},
-                       {"l2_bytes", dev.l2_bytes},
-                       {"memory_bytes", dev.memory_bytes}});
-  }
-  return {
-      {"version", version()},
-      {"nvrtc", nvrtc_version()},
-      {"nvrtc_archs", supported_archs()},
-      {"driver", {{"available", d.available}, {"reason", d.reason}, {"version", d.driver_version}}},
-      {"devices", devices},
-      {"cache", to_json(runtime.cache_info())}};
-}
-
 void print_cache(const CacheInfo& c) {
   fmt::print("cache: {} ({}), {} entries, {:.1f} MB, bound {:.1f} GB\n",
              c.directory.empty() ? "(none)" : c.directory, c.persistent ? "on disk" : "memory only",
@@ -45,7 +25,7 @@ void add_info_command(CLI::App& app, Runtime*& runtime) {
   auto json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "print one JSON object instead of text");
   cmd->callback([&runtime, json] {
-    const nlohmann::json j = info_json(*runtime);
+    const nlohmann::json j = nlohmann::json::parse(runtime->info_json());
     if (*json) {
       print_json(j);
       return;
@@ -77,11 +57,10 @@ void add_cache_command(CLI::App& app, Runtime*& runtime) {
       cmd->add_subcommand("info", "the cache's layers, entries and sizes (creates nothing)");
   info->add_flag("--json", *json, "print one JSON object instead of text");
   info->callback([&runtime, json] {
-    const CacheInfo c = runtime->cache_info();
     if (*json) {
-      print_json(to_json(c));
+      print_json(nlohmann::json::parse(runtime->info_json())["cache"]);
     } else {
-      print_cache(c);
+      print_cache(runtime->cache_info());
     }
   });
   cmd->add_subcommand("clear",

@@ -155,7 +155,7 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
     out.push_back(j);
   }
   if (o.json) {
-    print_json({{"reports", out}, {"cache", to_json(runtime.cache_info())}});
+    print_json({{"reports", out}, {"cache", nlohmann::json::parse(runtime.info_json())["cache"]}});
   } else {
     fmt::print("{:<32} {:<8} {:<9} {:>8} {:>5} {:>6} {:>6}  {}\n", "config", "arch", "source",
                "seconds", "regs", "spill", "stack", "served from");

@@ -230,6 +230,9 @@ class CSA_API Runtime {
 
   DriverInfo driver_info();
   CacheInfo cache_info() const;
+  // The library, NVRTC, driver, devices, kernel cache (every layer) and the production set as
+  // one JSON object (csa_info_json(), `csa info --json`, csa.info()).
+  std::string info_json();
   std::int64_t clear_disk_cache();  // entries removed
   const RuntimeOptions& options() const;
 

@@ -2,8 +2,6 @@
 #include <exception>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "csa/csa.h"
 #include "csa/csa.hpp"
 #include "api/runtime_impl.hpp"
@@ -12,42 +10,6 @@ namespace {
 
 thread_local std::string last_error;
 thread_local std::string info_text;
-
-nlohmann::json info_json() {
-  csa::Runtime& rt = csa::Runtime::default_runtime();
-  nlohmann::json j;
-  j["version"] = csa::version();
-  j["nvrtc"] = csa::nvrtc_version();
-  j["nvrtc_archs"] = csa::supported_archs();
-  const csa::DriverInfo d = rt.driver_info();
-  j["driver"] = {{"available", d.available}, {"reason", d.reason}, {"version", d.driver_version}};
-  j["devices"] = nlohmann::json::array();
-  for (const auto& dev : d.devices) {
-    j["devices"].push_back({{"ordinal", dev.ordinal},
-                            {"name", dev.name},
-                            {"arch", "sm_" + std::to_string(dev.cc_major * 10 + dev.cc_minor)},
-                            {"sm_count", dev.sm_count},
-                            {"l2_bytes", dev.l2_bytes},
-                            {"memory_bytes", dev.memory_bytes}});
-  }
-  const csa::CacheInfo c = rt.cache_info();
-  nlohmann::json layers = nlohmann::json::array();
-  for (const auto& l : c.layers) {
-    layers.push_back({{"directory", l.directory},
-                      {"read_only_layer", l.read_only_layer},
-                      {"state", l.state},
-                      {"entries", l.entries},
-                      {"bytes", l.bytes}});
-  }
-  j["cache"] = {{"directory", c.directory}, {"persistent", c.persistent}, {"entries", c.entries},
-                {"bytes", c.bytes},         {"max_bytes", c.max_bytes},   {"layers", layers}};
-  j["default_configs"] = nlohmann::json::array();
-  for (const auto& cfg : csa::default_configs()) {
-    j["default_configs"].push_back(
-        {{"ratio", cfg.ratio}, {"coff", cfg.coff}, {"head_dim", cfg.head_dim}});
-  }
-  return j;
-}
 
 template <typename Fn>
 int guarded(Fn&& fn) {
@@ -136,7 +98,7 @@ int csa_set_device(int32_t device) {
 }
 
 const char* csa_info_json(void) {
-  const int rc = guarded([&] { info_text = info_json().dump(); });
+  const int rc = guarded([&] { info_text = csa::Runtime::default_runtime().info_json(); });
   return rc == CSA_OK ? info_text.c_str() : nullptr;
 }
 

@@ -1,5 +1,7 @@
 #include <dlfcn.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -172,6 +174,42 @@ DriverInfo Runtime::driver_info() {
     info.devices.push_back(di);
   }
   return info;
+}
+
+std::string Runtime::info_json() {
+  Runtime& rt = *this;
+  nlohmann::json j;
+  j["version"] = version();
+  j["nvrtc"] = nvrtc_version();
+  j["nvrtc_archs"] = supported_archs();
+  const DriverInfo d = rt.driver_info();
+  j["driver"] = {{"available", d.available}, {"reason", d.reason}, {"version", d.driver_version}};
+  j["devices"] = nlohmann::json::array();
+  for (const auto& dev : d.devices) {
+    j["devices"].push_back({{"ordinal", dev.ordinal},
+                            {"name", dev.name},
+                            {"arch", "sm_" + std::to_string(dev.cc_major * 10 + dev.cc_minor)},
+                            {"sm_count", dev.sm_count},
+                            {"l2_bytes", dev.l2_bytes},
+                            {"memory_bytes", dev.memory_bytes}});
+  }
+  const CacheInfo c = rt.cache_info();
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : c.layers) {
+    layers.push_back({{"directory", l.directory},
+                      {"read_only_layer", l.read_only_layer},
+                      {"state", l.state},
+                      {"entries", l.entries},
+                      {"bytes", l.bytes}});
+  }
+  j["cache"] = {{"directory", c.directory}, {"persistent", c.persistent}, {"entries", c.entries},
+                {"bytes", c.bytes},         {"max_bytes", c.max_bytes},   {"layers", layers}};
+  j["default_configs"] = nlohmann::json::array();
+  for (const auto& cfg : default_configs()) {
+    j["default_configs"].push_back(
+        {{"ratio", cfg.ratio}, {"coff", cfg.coff}, {"head_dim", cfg.head_dim}});
+  }
+  return j.dump();
 }
 
 CacheInfo Runtime::cache_info() const {

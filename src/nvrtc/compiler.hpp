@@ -55,7 +55,6 @@ class Compiler {
 // Throws Error(kInvalidArgument) unless `arch` is sm_XY[a|f] and NVRTC supports XY.
 void check_arch(const std::string& arch);
 // `malformed` (optional): set when a number is out of what ptxas can report.
-std::vector<KernelResources> parse_ptxas_report(const std::string& log,
-                                                bool* malformed = nullptr);
+std::vector<KernelResources> parse_ptxas_report(const std::string& log, bool* malformed = nullptr);
 
 }  // namespace csa::nvrtc
