@@ -1,5 +1,5 @@
-// Device helpers shared by every kernel family: bf16 conversion, vector access, the
-// row-to-window mapping with clamping. Self-contained: NVRTC needs no CUDA include directory.
+// Device helpers shared by every kernel family: bf16 conversion, fp32 vector access, the
+// THD row-to-window mapping with clamping. Self-contained: NVRTC needs no CUDA include directory.
 #pragma once
 #include "csa_params.h"
 
@@ -201,64 +201,6 @@ __device__ __forceinline__ float neg_inf() {
   return __int_as_float(0xff800000);
 }
 
-// VEC adjacent bf16 values <-> fp32 registers with one access of 2*VEC bytes.
-template <int VEC>
-__device__ __forceinline__ void load_bf16(const unsigned short* p, float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
-    v[0] = bf16_to_f32(__ldg(p));
-  } else if constexpr (VEC == 2) {
-    const unsigned u = __ldg(reinterpret_cast<const unsigned*>(p));
-    v[0] = __uint_as_float(u << 16);
-    v[1] = __uint_as_float(u & 0xffff0000u);
-  } else if constexpr (VEC == 4) {
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-    v[0] = __uint_as_float(u.x << 16);
-    v[1] = __uint_as_float(u.x & 0xffff0000u);
-    v[2] = __uint_as_float(u.y << 16);
-    v[3] = __uint_as_float(u.y & 0xffff0000u);
-  } else {
-    static_assert(VEC == 8, "VEC must be 1, 2, 4 or 8");
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-    const unsigned w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      v[2 * i] = __uint_as_float(w[i] << 16);
-      v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-  }
-}
-
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-  return static_cast<unsigned>(f32_to_bf16(lo)) | (static_cast<unsigned>(f32_to_bf16(hi)) << 16);
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_bf16(unsigned short* p, const float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
-    *p = f32_to_bf16(v[0]);
-  } else if constexpr (VEC == 2) {
-    *reinterpret_cast<unsigned*>(p) = pack_bf16x2(v[0], v[1]);
-  } else if constexpr (VEC == 4) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
-  } else {
-    *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
-                                              pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
-  }
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_zero(unsigned short* p) {
-  if constexpr (VEC == 1) {
-    *p = 0;
-  } else if constexpr (VEC == 2) {
-    *reinterpret_cast<unsigned*>(p) = 0u;
-  } else if constexpr (VEC == 4) {
-    *reinterpret_cast<uint2*>(p) = make_uint2(0u, 0u);
-  } else {
-    *reinterpret_cast<uint4*>(p) = make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
 template <int VEC>
 __device__ __forceinline__ void load_f32(const float* p, float (&v)[VEC]) {
   if constexpr (VEC == 1) {
@@ -383,8 +325,8 @@ __device__ __forceinline__ void softmax_weights(float (&prev)[NPREV][VEC], float
 
 // Where the window of one output row lies. `first`: the previous-block half is invalid.
 struct RowWindow {
-  int t0;       // first token of the row's own block
-  int seg_end;  // one past the segment's last token (clamped)
+  int t0;    // the layout's row of the first token of the row's own block
+  int tail;  // the segment's last block (last): tokens after it, < ratio, never consumed
   bool first;
   bool last;     // the segment's last block: owns the zero-writes of its tail
   bool padding;  // at or past the last segment's rows (cuc[B]): no window of its own
@@ -411,31 +353,6 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
-// The short-window family's window of one (row, VEC columns) at the guessed place; every
-// thread prefetches its own sectors (a prefetch brings the 32-byte sectors its address touches).
-template <int RATIO, int COFF, int HEAD_DIM>
-__device__ __forceinline__ void prefetch_row_window(const unsigned short* score,
-                                                    const unsigned short* kv, int row, int col,
-                                                    int total_tokens) {
-  constexpr int W = COFF * HEAD_DIM;
-  constexpr int OWN = (COFF - 1) * HEAD_DIM;
-  const RowWindow w = guessed_row_window<RATIO>(row, total_tokens);
-  if (w.padding) return;
-  const long long base = static_cast<long long>(w.t0) * W + col;
-#pragma unroll
-  for (int k = 0; k < RATIO; ++k) {
-    prefetch_l2(score + base + k * W + OWN);
-    prefetch_l2(kv + base + k * W + OWN);
-  }
-  if (COFF == 2 && !w.first) {
-#pragma unroll
-    for (int k = 0; k < RATIO; ++k) {
-      prefetch_l2(score + base - (RATIO - k) * W);
-      prefetch_l2(kv + base - (RATIO - k) * W);
-    }
-  }
-}
-
 // NOTE: offsets are device data the host cannot check; every derived token index is clamped
 // so that [t0 - ratio (when !first), t0 + ratio) and the tail stay inside [0, total_tokens).
 template <int RATIO>
@@ -443,7 +360,7 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
                                                 int total_tokens, int row) {
   RowWindow w;
   w.t0 = 0;
-  w.seg_end = 0;
+  w.tail = 0;
   w.first = true;
   w.last = false;
   w.padding = true;
@@ -476,7 +393,8 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
   w.padding = padding;
   w.first = padding || block == 0;
   w.last = !padding && row + 1 >= c1;
-  w.seg_end = padding ? 0 : min(max(cu1, 0), total_tokens);
+  const int seg_end = padding ? 0 : min(max(cu1, 0), total_tokens);
+  w.tail = w.last ? max(0, min(seg_end, w.t0 + 2 * RATIO - 1) - (w.t0 + RATIO)) : 0;
   return w;
 }
 

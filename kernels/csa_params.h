@@ -1,41 +1,82 @@
-// The by-value kernel arguments, shared by the host (C++) and the kernels (NVRTC).
-// NOTE: the layout must be identical on both sides: only 8-byte pointers and 4-byte ints,
-// ordered so that no padding differs between compilers.
+// What the host and the kernels (NVRTC) must agree on: the by-value kernel arguments and the
+// compile-time kinds of element type, layout and epilogue that select a kernel's I/O policy.
+// Both compilers see this header; the sizes are checked on both sides (static_assert below).
+// NOTE: only 8-byte pointers and 4-byte ints, ordered so that no padding differs between
+// compilers.
 #pragma once
 
 #ifdef __CUDACC_RTC__
 typedef int csa_i32;
 typedef unsigned short csa_u16;
+#define CSA_SHARED_FN __host__ __device__ constexpr
 #else
 #include <cstdint>
 typedef std::int32_t csa_i32;
 typedef std::uint16_t csa_u16;
+#define CSA_SHARED_FN constexpr
 #endif
 
 namespace csa_kernel {
 
+// Element type of kv, score, out, grad_out, grad_kv and grad_score (ape and grad_ape are fp32).
+enum ElementKind : int { kElementBf16 = 0, kElementF16 = 1, kElementF32 = 2 };
+// Where a token's row lies. kLayoutThdPacked: THD rows of exactly the tensor's width
+// (compile-time offsets); kLayoutThdStrided: THD rows `*_stride` elements apart; kLayoutSbhd:
+// (S, B, width) rows `*_stride` elements apart, every batch column one segment of S tokens.
+enum LayoutKind : int { kLayoutThdPacked = 0, kLayoutThdStrided = 1, kLayoutSbhd = 2 };
+// How the forward stores a pooled row (kEpilogueIdentity: rounded once to the element type).
+enum EpilogueKind : int { kEpilogueIdentity = 0 };
+
+CSA_SHARED_FN int element_bytes(int kind) {
+  return kind == kElementF32 ? 4 : 2;
+}
+
+// Elements of one 16-byte access (the ring's cp.async chunk, the widest vector load).
+CSA_SHARED_FN int chunk_elements(int kind) {
+  return 16 / element_bytes(kind);
+}
+
+// Shared memory of the long-window kernels, which the host sizes their launches with.
+// LaneRing's stage, in elements: score and kv of (window + one pad row per lane) rows of `cols`
+// columns, then grad_out's `cols`, padded to 16 bytes.
+CSA_SHARED_FN int lane_ring_stage_elements(int element, int window, int lanes, int cols) {
+  return (2 * (window + lanes) * cols + cols + chunk_elements(element) - 1) /
+         chunk_elements(element) * chunk_elements(element);
+}
+// The staged form's tiles, in bytes: e[window][cols], red[3][chunks][cols] and col[4][cols] in
+// fp32, then kv[window][cols] in the element type.
+CSA_SHARED_FN int staged_window_bytes(int element, int window, int chunks, int cols) {
+  return (window * cols + 3 * chunks * cols + 4 * cols) * 4 +
+         window * cols * element_bytes(element);
+}
+
 struct ForwardParams {
-  const csa_u16* kv;
-  const csa_u16* score;
+  const void* kv;
+  const void* score;
   const float* ape;
-  const csa_i32* cu_seqlens;
-  const csa_i32* cu_seqlens_comp;
-  csa_u16* out;
-  csa_i32 total_tokens;
-  csa_i32 num_segments;
-  csa_i32 total_comp;
+  const csa_i32* cu_seqlens;       // THD only (SBHD: null)
+  const csa_i32* cu_seqlens_comp;  // THD only (SBHD: null)
+  void* out;
+  csa_i32 total_tokens;    // rows of kv / score (SBHD: S * B)
+  csa_i32 num_segments;    // SBHD: B
+  csa_i32 total_comp;      // rows of out (SBHD: (S / ratio) * B)
   csa_i32 prefetch_early;  // lane-window forward: prefetch the window before the wait (host)
+  // Row strides in elements (strided layouts; the packed layout ignores them).
+  csa_i32 kv_stride;
+  csa_i32 score_stride;
+  csa_i32 out_stride;
+  csa_i32 seq_len;  // SBHD: S
 };
 
 struct BackwardParams {
-  const csa_u16* kv;
-  const csa_u16* score;
+  const void* kv;
+  const void* score;
   const float* ape;
   const csa_i32* cu_seqlens;
   const csa_i32* cu_seqlens_comp;
-  const csa_u16* grad_out;
-  csa_u16* grad_kv;
-  csa_u16* grad_score;
+  const void* grad_out;
+  void* grad_kv;
+  void* grad_score;
   float* grad_ape;  // atomic mode: the adds go straight into it
   // Fixed-order mode: one (ratio, W) partial per row group. Atomic mode: null (grad_ape zeroed
   // by the host, or accumulated into), or claim words (8 bytes, one per column block, zero
@@ -47,6 +88,13 @@ struct BackwardParams {
   csa_i32 total_comp;
   csa_i32 rows_per_cta;
   csa_i32 accumulate;  // reference family: add into grad_ape instead of overwriting
+  csa_i32 kv_stride;
+  csa_i32 score_stride;
+  csa_i32 grad_out_stride;
+  csa_i32 grad_kv_stride;
+  csa_i32 grad_score_stride;
+  csa_i32 seq_len;
+  csa_i32 reserved;  // keeps the size a multiple of 8 on both sides
 };
 
 struct ApeReduceParams {
@@ -67,5 +115,10 @@ struct OffsetCheckParams {
   csa_i32 total_comp;
   csa_i32 ratio;
 };
+
+static_assert(sizeof(ForwardParams) == 6 * 8 + 8 * 4, "ForwardParams layout");
+static_assert(sizeof(BackwardParams) == 10 * 8 + 12 * 4, "BackwardParams layout");
+static_assert(sizeof(ApeReduceParams) == 2 * 8 + 4 * 4, "ApeReduceParams layout");
+static_assert(sizeof(OffsetCheckParams) == 3 * 8 + 4 * 4, "OffsetCheckParams layout");
 
 }  // namespace csa_kernel

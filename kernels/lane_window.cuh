@@ -21,45 +21,46 @@ struct LaneWindow {
 };
 
 // The first slot of this lane (UNIFORM windows only): whether the lane's slots are valid and,
-// if so, the element offset of slot lane * C in score, kv, grad_kv and grad_score (slot j of
-// the lane is `offset + j * W`).
-// NOTE: 64 bits, so that every slot's access is the base plus an immediate.
+// if so, the element offset of slot lane * C in a tensor whose rows are `rows` (slot j of the
+// lane is `offset + j * rows.step`).
+// NOTE: 64 bits, so that every slot's access is the base plus an immediate (packed THD).
 template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
-__device__ __forceinline__ bool lane_slot_base(const RowWindow& w, int col, int lane,
-                                               long long& offset) {
+__device__ __forceinline__ bool lane_slot_base(const RowWindow& w, const TokenRows& rows, int col,
+                                               int lane, long long& offset) {
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using G = typename LW::Geometry;
   static_assert(LW::UNIFORM, "lane_slot_base needs C to divide the ratio");
   const int k0 = lane * LW::C;
   const bool valid = k0 < LW::WIN && G::valid(k0, w.first);
-  const long long token0 = valid ? static_cast<long long>(G::token(w.t0, k0)) : 0;
-  offset = token0 * LW::W + G::half_offset(k0) + col;
+  offset = valid ? slot_offset<RATIO, COFF, HEAD_DIM>(w, rows, k0, col)
+                 : static_cast<long long>(G::half_offset(k0) + col);
   return valid;
 }
 
-// Whether a bf16 column starts a 128-byte line of its token (a multiple of 64 columns).
+// Whether a column starts a 128-byte line of its token.
+template <class IO>
 __device__ __forceinline__ bool starts_line(int col) {
-  return col % 64 == 0;
+  return col % (128 / static_cast<int>(sizeof(typename IO::T))) == 0;
 }
 
-// This thread's slots of `row`'s window at the guessed place (guessed_row_window), issued only
-// by the thread whose columns start a 128-byte line (column a multiple of 64): the sector
-// there, for the lines its CTA's loads, or its ring's copies, will read.
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
-__device__ __forceinline__ void prefetch_lane_window(const csa_u16* score, const csa_u16* kv,
-                                                     int row, int total_tokens, int col, int lane) {
+// This thread's slots of `row`'s window at the guessed place (Layout::guess), issued only by
+// the thread whose columns start a 128-byte line: the sector there, for the lines its CTA's
+// loads, or its ring's copies, will read.
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, class P>
+__device__ __forceinline__ void prefetch_lane_window(const P& p, int row, int col, int lane) {
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using G = typename LW::Geometry;
-  const RowWindow w = guessed_row_window<RATIO>(row, total_tokens);
-  if (w.padding || !starts_line(col)) return;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  const RowWindow w = L::guess(p, row);
+  if (w.padding || !starts_line<IO>(col)) return;
+  const TokenRows sr = L::rows(p, p.score_stride);
+  const TokenRows kr = L::rows(p, p.kv_stride);
 #pragma unroll
   for (int j = 0; j < LW::C; ++j) {
     const int k = lane * LW::C + j;
     if (k < LW::WIN && G::valid(k, w.first)) {
-      const long long off =
-          static_cast<long long>(G::token(w.t0, k)) * LW::W + G::half_offset(k) + col;
-      prefetch_l2(score + off);
-      prefetch_l2(kv + off);
+      prefetch_l2(IO::in(p.score) + slot_offset<RATIO, COFF, HEAD_DIM>(w, sr, k, col));
+      prefetch_l2(IO::in(p.kv) + slot_offset<RATIO, COFF, HEAD_DIM>(w, kr, k, col));
     }
   }
 }

@@ -4,39 +4,46 @@
 #include "lane_window.cuh"
 namespace csa_kernel {
 
-// The backward's loads of one row's window: raw bf16 issued together, then turned into s and
-// kv. ape is row-independent and held in registers for the whole CTA.
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
+// The backward's loads of one row's window: raw elements issued together, then turned into s
+// and kv. ape is row-independent and held in registers for the whole CTA.
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
 struct LaneLoads {
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using G = typename LW::Geometry;
-  using Raw = typename RawBf16<VEC>::type;
+  using E = typename IO::E;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  using Raw = RawVec<E, VEC>;
   Raw score[LW::C], kv[LW::C], grad_out;
 
   __device__ __forceinline__ void issue(const BackwardParams& p, const RowWindow& w, int row,
                                         int col, int lane, bool active) {
     grad_out =
-        active ? __ldg(reinterpret_cast<const Raw*>(p.grad_out + row * HEAD_DIM + col)) : Raw{};
+        active
+            ? load_raw<E, VEC>(IO::in(p.grad_out) + row * L::out_stride(p, p.grad_out_stride) + col)
+            : Raw{};
+    const TokenRows sr = L::rows(p, p.score_stride);
+    const TokenRows kr = L::rows(p, p.kv_stride);
     if constexpr (LW::UNIFORM) {
-      long long offset0 = 0;
+      long long soff = 0, koff = 0;
       const bool valid =
-          active && lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
-      const Raw* const score0 = reinterpret_cast<const Raw*>(p.score + offset0);
-      const Raw* const kv0 = reinterpret_cast<const Raw*>(p.kv + offset0);
-      constexpr int kStride = LW::W / VEC;  // one token, in Raw elements
+          active && lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, sr, col, lane, soff);
+      lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, kr, col, lane, koff);
+      const typename IO::T* const score0 = IO::in(p.score) + soff;
+      const typename IO::T* const kv0 = IO::in(p.kv) + koff;
 #pragma unroll
       for (int j = 0; j < LW::C; ++j) {
-        score[j] = valid ? __ldg(score0 + j * kStride) : Raw{};
-        kv[j] = valid ? __ldg(kv0 + j * kStride) : Raw{};
+        score[j] = valid ? load_raw<E, VEC>(score0 + sr.steps(j)) : Raw{};
+        kv[j] = valid ? load_raw<E, VEC>(kv0 + kr.steps(j)) : Raw{};
       }
     } else {
 #pragma unroll
       for (int j = 0; j < LW::C; ++j) {
         const int k = lane * LW::C + j;
         if (active && k < LW::WIN && G::valid(k, w.first)) {
-          const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
-          score[j] = __ldg(reinterpret_cast<const Raw*>(p.score + off));
-          kv[j] = __ldg(reinterpret_cast<const Raw*>(p.kv + off));
+          score[j] =
+              load_raw<E, VEC>(IO::in(p.score) + slot_offset<RATIO, COFF, HEAD_DIM>(w, sr, k, col));
+          kv[j] =
+              load_raw<E, VEC>(IO::in(p.kv) + slot_offset<RATIO, COFF, HEAD_DIM>(w, kr, k, col));
         } else {
           score[j] = Raw{};
           kv[j] = Raw{};
@@ -49,14 +56,14 @@ struct LaneLoads {
   __device__ __forceinline__ void finish(const float (&ape)[LW::C][VEC], const RowWindow& w,
                                          int lane, float (&s)[LW::C][VEC], float (&x)[LW::C][VEC],
                                          float (&g)[VEC]) const {
-    raw_to_f32<VEC>(grad_out, g);
+    raw_to_f32<E, VEC>(grad_out, g);
 #pragma unroll
     for (int j = 0; j < LW::C; ++j) {
       const int k = lane * LW::C + j;
       const bool valid = k < LW::WIN && G::valid(k, w.first);
       float sc[VEC];
-      raw_to_f32<VEC>(score[j], sc);
-      raw_to_f32<VEC>(kv[j], x[j]);
+      raw_to_f32<E, VEC>(score[j], sc);
+      raw_to_f32<E, VEC>(kv[j], x[j]);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) s[j][v] = valid ? __fadd_rn(sc[v], ape[j][v]) : neg_inf();
     }
@@ -66,25 +73,29 @@ struct LaneLoads {
 // The backward's ring of STAGES rows (STAGES >= 2): score and kv of the window for the CTA's
 // COLS columns, and grad_out, copied by the whole CTA with 16-byte cp.async while earlier rows
 // are computed, so a row's DRAM round trip overlaps the previous rows' arithmetic and barriers
-// without holding the loads in registers. Needs head_dim % 8 == 0 (16-byte chunks; the
-// pointers are 16-byte aligned by contract) and COLS >= 8.
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES>
+// without holding the loads in registers. Needs head_dim and COLS multiples of a 16-byte chunk
+// (CH elements; the pointers and row strides are 16-byte aligned by contract).
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES>
 struct LaneRing {
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using G = typename LW::Geometry;
-  using Raw = typename RawBf16<VEC>::type;
+  using E = typename IO::E;
+  using T = typename IO::T;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  using Raw = RawVec<E, VEC>;
+  static constexpr int CH = chunk_elements(IO::kElement);
   static constexpr int COLS = TX * VEC;
   static constexpr int THREADS = TX * LANES;
   // 16-byte chunks per slot and array. The host gives the ring (STAGES > 1) only column blocks
-  // of whole chunks; narrower blocks (head_dim < 8) still instantiate this class, so CHUNKS
+  // of whole chunks; narrower blocks (head_dim < CH) still instantiate this class, so CHUNKS
   // stays at least 1 there for its constants, never used.
-  static constexpr int CHUNKS = COLS >= 8 ? COLS / 8 : 1;
+  static constexpr int CHUNKS = COLS >= CH ? COLS / CH : 1;
   // One pad row after each lane's block of C slots: the lanes of one warp read different banks.
   static constexpr int ROWS = LW::WIN + LANES;
   static __device__ __forceinline__ int slot_row(int k) { return k + k / LW::C; }
-  // Per stage, in bf16 elements: score[ROWS][COLS] | kv[ROWS][COLS] | grad_out[COLS], padded
-  // to 16 bytes. Must match long_window_shared_bytes() on the host.
-  static constexpr int STAGE_ELEMS = ((2 * ROWS * COLS + COLS) + 7) / 8 * 8;
+  // Per stage, in elements: score[ROWS][COLS] | kv[ROWS][COLS] | grad_out[COLS], padded to 16
+  // bytes (lane_ring_stage_elements, which the host sizes the shared memory with).
+  static constexpr int STAGE_ELEMS = lane_ring_stage_elements(IO::kElement, LW::WIN, LANES, COLS);
 
   // BLOCKED: every pass of the CTA's threads over the copies covers SLOTS_PER_PASS whole slots
   // of one array, inside one half of the window and starting at a multiple of C. Then a
@@ -97,34 +108,40 @@ struct LaneRing {
   static constexpr bool BLOCKED = THREADS % CHUNKS == 0 && (LW::WIN * CHUNKS) % THREADS == 0 &&
                                   RATIO % SLOTS_PER_PASS == 0 && SLOTS_PER_PASS % LW::C == 0;
 
-  static __device__ __forceinline__ void fetch_blocked(csa_u16* stage, const BackwardParams& p,
+  static __device__ __forceinline__ void fetch_blocked(T* stage, const BackwardParams& p,
                                                        const RowWindow& w, int tid, int col0) {
     constexpr int PASSES = 2 * LW::WIN * CHUNKS / THREADS;
-    const int t = tid / CHUNKS;                // slot within a pass
-    const int chunk = (tid - t * CHUNKS) * 8;  // first column within the CTA's columns
+    const int t = tid / CHUNKS;                 // slot within a pass
+    const int chunk = (tid - t * CHUNKS) * CH;  // first column within the CTA's columns
     const bool col_ok = col0 + chunk < HEAD_DIM;
-    // NOTE: 64-bit: the token offsets reach total_tokens * W. Slot k0 + t of a pass lies on
-    // token t0 + k0 + t - (COFF - 1) * RATIO; the base is only formed, and only used where the
-    // pass's slots are valid (then that token is in range).
-    const long long base =
-        (static_cast<long long>(w.t0) + t - (COFF - 1) * RATIO) * LW::W + col0 + chunk;
-    csa_u16* const dst = stage + slot_row(t) * COLS + chunk;
+    const TokenRows rows[2] = {L::rows(p, p.score_stride), L::rows(p, p.kv_stride)};
+    const T* const srcs[2] = {IO::in(p.score), IO::in(p.kv)};
+    // NOTE: 64-bit: the token offsets reach total_tokens * stride. Slot k0 + t of a pass lies
+    // on token k0 + t - (COFF - 1) * RATIO of the block; the base is only formed, and only
+    // used where the pass's slots are valid (then that token is in range).
+    long long base[2];
+#pragma unroll
+    for (int a = 0; a < 2; ++a)
+      base[a] = rows[a].at(w.t0) + rows[a].steps(t - (COFF - 1) * RATIO) + col0 + chunk;
+    T* const dst = stage + slot_row(t) * COLS + chunk;
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
       constexpr int PER_ARRAY = LW::WIN * CHUNKS / THREADS;
       const int array = pass / PER_ARRAY;
       const int k0 = (pass - array * PER_ARRAY) * SLOTS_PER_PASS;  // multiple of C
       const bool ok = col_ok && G::valid(k0, w.first);             // the same for the pass's slots
-      const csa_u16* const src = array == 0 ? p.score : p.kv;
+      const T* const src = srcs[array];
       cp_async_16(dst + (array * ROWS + k0 + k0 / LW::C) * COLS,
-                  ok ? src + base + k0 * LW::W + G::half_offset(k0) : src, ok);
+                  ok ? src + base[array] + rows[array].steps(k0) + G::half_offset(k0) : src, ok);
     }
   }
 
   // Any geometry: each copy's array, slot and chunk from its index.
-  static __device__ __forceinline__ void fetch_generic(csa_u16* stage, const BackwardParams& p,
+  static __device__ __forceinline__ void fetch_generic(T* stage, const BackwardParams& p,
                                                        const RowWindow& w, int tid, int col0) {
     constexpr int ITEMS = 2 * LW::WIN * CHUNKS;
+    const TokenRows sr = L::rows(p, p.score_stride);
+    const TokenRows kr = L::rows(p, p.kv_stride);
 #pragma unroll
     for (int i0 = 0; i0 < ITEMS; i0 += THREADS) {
       const int i = i0 + tid;
@@ -132,10 +149,10 @@ struct LaneRing {
       const int array = i / (LW::WIN * CHUNKS);
       const int r = i - array * (LW::WIN * CHUNKS);
       const int k = r / CHUNKS;
-      const int col = col0 + (r - k * CHUNKS) * 8;
+      const int col = col0 + (r - k * CHUNKS) * CH;
       const bool ok = col < HEAD_DIM && G::valid(k, w.first);
-      const csa_u16* src = array == 0 ? p.score : p.kv;
-      if (ok) src += G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
+      const T* src = IO::in(array == 0 ? p.score : p.kv);
+      if (ok) src += slot_offset<RATIO, COFF, HEAD_DIM>(w, array == 0 ? sr : kr, k, col);
       cp_async_16(stage + (array * ROWS + slot_row(k)) * COLS + (col - col0), src, ok);
     }
   }
@@ -143,12 +160,12 @@ struct LaneRing {
   // Issues the copies of `row` into `stage` (all threads) and commits one group; with
   // `!has_row` only the (empty) group, so every thread's group count stays in step. Returns
   // the row's window (located only with `has_row`), which the CTA reuses when it computes it.
-  static __device__ __forceinline__ RowWindow fetch(csa_u16* stage, const BackwardParams& p,
-                                                    int row, bool has_row, int col0) {
-    static_assert(COLS % 8 == 0 && HEAD_DIM % 8 == 0, "the ring copies 16-byte chunks");
+  static __device__ __forceinline__ RowWindow fetch(T* stage, const BackwardParams& p, int row,
+                                                    bool has_row, int col0) {
+    static_assert(COLS % CH == 0 && HEAD_DIM % CH == 0, "the ring copies 16-byte chunks");
     RowWindow w{};
     if (has_row) {
-      w = locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+      w = L::locate(p, row);
       const int tid = threadIdx.y * TX + threadIdx.x;
       if constexpr (BLOCKED) {
         fetch_blocked(stage, p, w, tid, col0);
@@ -156,9 +173,10 @@ struct LaneRing {
         fetch_generic(stage, p, w, tid, col0);
       }
       if (tid < CHUNKS) {
-        const int col = col0 + tid * 8;
+        const int col = col0 + tid * CH;
         const bool ok = col < HEAD_DIM;
-        cp_async_16(stage + 2 * ROWS * COLS + tid * 8, p.grad_out + (ok ? row * HEAD_DIM + col : 0),
+        cp_async_16(stage + 2 * ROWS * COLS + tid * CH,
+                    IO::in(p.grad_out) + (ok ? row * L::out_stride(p, p.grad_out_stride) + col : 0),
                     ok);
       }
     }
@@ -181,18 +199,18 @@ struct LaneRing {
     return ape_sm[(j * VEC + v) * THREADS + threadIdx.y * TX + threadIdx.x];
   }
 
-  static __device__ __forceinline__ void read(const csa_u16* stage, float* ape_sm,
+  static __device__ __forceinline__ void read(const T* stage, float* ape_sm,
                                               const float (&ape)[LW::C][VEC], const RowWindow& w,
                                               int lane, float (&s)[LW::C][VEC],
                                               float (&x)[LW::C][VEC], float (&g)[VEC]) {
     const int c = threadIdx.x * VEC;
-    raw_to_f32<VEC>(*reinterpret_cast<const Raw*>(stage + 2 * ROWS * COLS + c), g);
+    raw_to_f32<E, VEC>(*reinterpret_cast<const Raw*>(stage + 2 * ROWS * COLS + c), g);
     // The lane's slots are rows slot_row(lane * C) + j of the stage: one base, compile-time
     // steps (the generic slot_row(k) cost a signed division per slot in the SASS). Where the
     // lanes cover the window exactly every row is in the stage, so the reads need no guard:
     // the copies of invalid slots were zero-filled.
     constexpr bool EXACT = LW::C * LANES == LW::WIN;
-    const csa_u16* const lane_rows = stage + (lane * LW::C + lane) * COLS + c;
+    const T* const lane_rows = stage + (lane * LW::C + lane) * COLS + c;
 #pragma unroll
     for (int j = 0; j < LW::C; ++j) {
       const int k = lane * LW::C + j;
@@ -203,8 +221,8 @@ struct LaneRing {
         rx = *reinterpret_cast<const Raw*>(lane_rows + (ROWS + j) * COLS);
       }
       float sc[VEC];
-      raw_to_f32<VEC>(rs, sc);
-      raw_to_f32<VEC>(rx, x[j]);
+      raw_to_f32<E, VEC>(rs, sc);
+      raw_to_f32<E, VEC>(rx, x[j]);
 #pragma unroll
       for (int v = 0; v < VEC; ++v)
         s[j][v] =
@@ -299,24 +317,26 @@ __device__ __forceinline__ void zero_grad_ape_slice(const BackwardParams& p, int
 // written to p.workspace for the fixed-order reduction. A template argument, not a flag: the
 // fixed-order kernel stays exactly the code it was (a runtime branch here measured slower in
 // the ring kernels).
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES>
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES>
 struct BackwardCtasPerSm {
   static constexpr int value =
       TX * LANES <= 256 ||
-              (STAGES > 1 && LaneRing<RATIO, COFF, HEAD_DIM, VEC, TX, LANES>::TIGHT_REGISTERS)
+              (STAGES > 1 && LaneRing<IO, RATIO, COFF, HEAD_DIM, VEC, TX, LANES>::TIGHT_REGISTERS)
           ? 2
           : 1;
 };
 
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES, bool FAST_EXP,
-          bool ATOMIC_APE>
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, int STAGES,
+          bool FAST_EXP, bool ATOMIC_APE>
 __global__ void __launch_bounds__(
-    TX* LANES, BackwardCtasPerSm<RATIO, COFF, HEAD_DIM, VEC, TX, LANES, STAGES>::value)
+    TX* LANES, BackwardCtasPerSm<IO, RATIO, COFF, HEAD_DIM, VEC, TX, LANES, STAGES>::value)
     lane_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter();
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
-  using Ring = LaneRing<RATIO, COFF, HEAD_DIM, VEC, TX, LANES>;  // STAGES >= 2 only
+  using Ring = LaneRing<IO, RATIO, COFF, HEAD_DIM, VEC, TX, LANES>;  // STAGES >= 2 only
+  using E = typename IO::E;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   using G = typename LW::Geometry;
   using Merge = ColumnLanes<TX, LANES>;
   constexpr int NCV = HEAD_DIM / VEC;
@@ -350,11 +370,11 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int i = 0; i < (STAGES > 1 ? STAGES - 1 : 1); ++i) {
       if (i < p.rows_per_cta && row_begin + i < p.total_comp)
-        prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(
-            p.score, p.kv, static_cast<int>(row_begin + i), p.total_tokens, col, lane);
+        prefetch_lane_window<IO, RATIO, COFF, HEAD_DIM, VEC, LANES>(
+            p, static_cast<int>(row_begin + i), col, lane);
     }
   }
-  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
+  const int rows_valid = L::rows_valid(p);
 
   float dape[LW::C][VEC];
 #pragma unroll
@@ -364,7 +384,8 @@ __global__ void __launch_bounds__(
 
   // ape of this thread's slots: the same for every row; in registers, or (ring above 256
   // threads) in the thread's part of shared memory after the ring.
-  extern __shared__ __align__(16) csa_u16 ring[];
+  extern __shared__ __align__(16) unsigned char ring_bytes[];
+  typename IO::T* const ring = reinterpret_cast<typename IO::T*>(ring_bytes);
   float* const ape_sm = reinterpret_cast<float*>(ring + STAGES * Ring::STAGE_ELEMS);
   float ape[LW::C][VEC];
 #pragma unroll
@@ -384,7 +405,7 @@ __global__ void __launch_bounds__(
 
   const int row_end = static_cast<int>(
       row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
-  // The ring (STAGES >= 2) lives in dynamic shared memory: STAGES * Ring::STAGE_ELEMS bf16.
+  // The ring (STAGES >= 2) lives in dynamic shared memory: STAGES * Ring::STAGE_ELEMS elements.
   // With two stages the window located by the fetch of a row is the one its computation uses
   // (one locate_row per row instead of two).
   RowWindow fetched{};
@@ -414,9 +435,7 @@ __global__ void __launch_bounds__(
   int buf = 0;
   int it = 0;
   for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1, ++it) {
-    const RowWindow w = STAGES == 2 ? fetched
-                                    : locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp,
-                                                        p.num_segments, p.total_tokens, row);
+    const RowWindow w = STAGES == 2 ? fetched : L::locate(p, row);
     float s[LW::C][VEC], x[LW::C][VEC], g[VEC];
     if constexpr (STAGES > 1) {
       // Row `row + STAGES - 1` goes to the stage that row - 1 used: every thread finished
@@ -431,12 +450,12 @@ __global__ void __launch_bounds__(
       if constexpr (COFF == 1 && HEAD_DIM <= 128) {
         const long long further = ahead + 1;
         if (active && further < row_end)
-          prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(
-              p.score, p.kv, static_cast<int>(further), p.total_tokens, col, lane);
+          prefetch_lane_window<IO, RATIO, COFF, HEAD_DIM, VEC, LANES>(p, static_cast<int>(further),
+                                                                      col, lane);
       }
       Ring::read(ring + (it % STAGES) * Ring::STAGE_ELEMS, ape_sm, ape, w, lane, s, x, g);
     } else {
-      LaneLoads<RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
+      LaneLoads<IO, RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
       loads.issue(p, w, row, col, lane, active);
       loads.finish(ape, w, lane, s, x, g);
     }
@@ -484,10 +503,16 @@ __global__ void __launch_bounds__(
       // they load; with the ring the same stores measured slower at coff 2, so the ring keeps
       // the per-slot form.
       constexpr bool SLOT_BASE = LW::UNIFORM && STAGES == 1;
-      long long offset0 = 0;
+      const TokenRows gkr = L::rows(p, p.grad_kv_stride);
+      const TokenRows gsr = L::rows(p, p.grad_score_stride);
+      typename IO::T* const grad_kv = IO::out(p.grad_kv);
+      typename IO::T* const grad_score = IO::out(p.grad_score);
+      long long gk0 = 0, gs0 = 0;
       bool lane_valid = true;
-      if constexpr (SLOT_BASE)
-        lane_valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
+      if constexpr (SLOT_BASE) {
+        lane_valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, gkr, col, lane, gk0);
+        lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, gsr, col, lane, gs0);
+      }
 #pragma unroll
       for (int j = 0; j < LW::C; ++j) {
         const int k = lane * LW::C + j;
@@ -495,18 +520,17 @@ __global__ void __launch_bounds__(
         float gkv[VEC], gs[VEC];
         slot_gradients<VEC>(g, x[j], s[j], S_part, gkv, gs, dape[j]);
         if constexpr (SLOT_BASE) {
-          store_bf16<VEC>(p.grad_kv + offset0 + j * LW::W, gkv);
-          store_bf16<VEC>(p.grad_score + offset0 + j * LW::W, gs);
+          store_vec<E, VEC>(grad_kv + gk0 + gkr.steps(j), gkv);
+          store_vec<E, VEC>(grad_score + gs0 + gsr.steps(j), gs);
         } else {
-          const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
-          store_bf16<VEC>(p.grad_kv + off, gkv);
-          store_bf16<VEC>(p.grad_score + off, gs);
+          store_vec<E, VEC>(grad_kv + slot_offset<RATIO, COFF, HEAD_DIM>(w, gkr, k, col), gkv);
+          store_vec<E, VEC>(grad_score + slot_offset<RATIO, COFF, HEAD_DIM>(w, gsr, k, col), gs);
         }
       }
     }
-    zero_after_last_block<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, w, col0);
+    zero_after_last_block<IO, RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, w, col0);
   }
-  zero_unowned<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
+  zero_unowned<IO, RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
 
   if constexpr (ATOMIC_APE) {
     // Atomic mode: this CTA's partials go straight into grad_ape, zeroed first by the column

@@ -4,32 +4,38 @@
 namespace csa_kernel {
 
 // Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
-// UNIFORM windows (lane_slot_base) load each slot at one 64-bit base per array plus a
-// compile-time offset (j * W), so the loads issue back to back instead of each behind its
-// own 64-bit address arithmetic (docs/notes/measurements.md).
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
+// UNIFORM windows (lane_slot_base) load each slot at one 64-bit base per array plus an offset
+// of j token steps (compile-time in packed THD), so the loads issue back to back instead of
+// each behind its own 64-bit address arithmetic (docs/notes/measurements.md).
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES>
 __device__ __forceinline__ void load_lane_window(
-    const csa_u16* score, const csa_u16* kv, const float* ape, const RowWindow& w, int col,
-    int lane, float (&s)[LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C][VEC],
+    const ForwardParams& p, const RowWindow& w, int col, int lane,
+    float (&s)[LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C][VEC],
     float (&x)[LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C][VEC]) {
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using G = typename LW::Geometry;
-  using Raw = typename RawBf16<VEC>::type;
+  using E = typename IO::E;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  using Raw = RawVec<E, VEC>;
+  const TokenRows sr = L::rows(p, p.score_stride);
+  const TokenRows kr = L::rows(p, p.kv_stride);
+  const typename IO::T* const score = IO::in(p.score);
+  const typename IO::T* const kv = IO::in(p.kv);
   Raw rs[LW::C], rx[LW::C];
   float a[LW::C][VEC];
   if constexpr (LW::UNIFORM) {
-    long long offset0 = 0;
-    const bool valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, col, lane, offset0);
+    long long soff = 0, koff = 0;
+    const bool valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, sr, col, lane, soff);
+    lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, kr, col, lane, koff);
     const int k0 = lane * LW::C;
-    const Raw* const score0 = reinterpret_cast<const Raw*>(score + offset0);
-    const Raw* const kv0 = reinterpret_cast<const Raw*>(kv + offset0);
-    const float* const ape0 = ape + (valid ? G::ape_index(k0, col) : 0);
-    constexpr int kStride = LW::W / VEC;  // one token, in Raw elements
+    const typename IO::T* const score0 = score + soff;
+    const typename IO::T* const kv0 = kv + koff;
+    const float* const ape0 = p.ape + (valid ? G::ape_index(k0, col) : 0);
 #pragma unroll
     for (int j = 0; j < LW::C; ++j) {
       if (valid) {
-        rs[j] = __ldg(score0 + j * kStride);
-        rx[j] = __ldg(kv0 + j * kStride);
+        rs[j] = load_raw<E, VEC>(score0 + sr.steps(j));
+        rx[j] = load_raw<E, VEC>(kv0 + kr.steps(j));
         load_f32<VEC>(ape0 + j * LW::W, a[j]);
       } else {
         rs[j] = Raw{};
@@ -43,10 +49,9 @@ __device__ __forceinline__ void load_lane_window(
     for (int j = 0; j < LW::C; ++j) {
       const int k = lane * LW::C + j;
       if (k < LW::WIN && G::valid(k, w.first)) {
-        const int off = G::token(w.t0, k) * LW::W + G::half_offset(k) + col;
-        rs[j] = __ldg(reinterpret_cast<const Raw*>(score + off));
-        rx[j] = __ldg(reinterpret_cast<const Raw*>(kv + off));
-        load_f32<VEC>(ape + G::ape_index(k, col), a[j]);
+        rs[j] = load_raw<E, VEC>(score + slot_offset<RATIO, COFF, HEAD_DIM>(w, sr, k, col));
+        rx[j] = load_raw<E, VEC>(kv + slot_offset<RATIO, COFF, HEAD_DIM>(w, kr, k, col));
+        load_f32<VEC>(p.ape + G::ape_index(k, col), a[j]);
       } else {
         rs[j] = Raw{};
         rx[j] = Raw{};
@@ -57,9 +62,9 @@ __device__ __forceinline__ void load_lane_window(
   }
 #pragma unroll
   for (int j = 0; j < LW::C; ++j) {
-    raw_to_f32<VEC>(rx[j], x[j]);
+    raw_to_f32<E, VEC>(rx[j], x[j]);
     float sc[VEC];
-    raw_to_f32<VEC>(rs[j], sc);
+    raw_to_f32<E, VEC>(rs[j], sc);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) s[j][v] = __fadd_rn(sc[v], a[j][v]);
   }
@@ -137,19 +142,24 @@ __device__ __forceinline__ float serial_quotient(float e, float den, float inv) 
 // window in flight per SM than the 56 registers it took otherwise. More values a thread, or
 // the scalar columns of an odd head_dim, spill at 48 registers; coff-2 windows of that size
 // (ratio <= 64) were not measured. Others keep the compiler's choice (3 CTAs for the 32-value
-// windows of the 64-column buckets measured the same as without).
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, bool SERIAL>
+// windows of the 64-column buckets measured the same as without). fp32 with runtime strides
+// (twice the raw bits a value, plus the strides) spilled 40 B at 48 registers on sm_80, so it
+// keeps the compiler's choice too.
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, bool SERIAL>
 __host__ __device__ constexpr int forward_min_ctas(int threads) {
   constexpr int values = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C * VEC;
   if (SERIAL || COFF != 1 || VEC < 2 || threads > 256) return 1;
+  if (IO::kElement == kElementF32 && IO::kLayout != kLayoutThdPacked) return 1;
   return values <= 16 ? 5 : 1;
 }
 
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL, bool FAST_EXP>
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL,
+          bool FAST_EXP>
 __global__ void __launch_bounds__(
-    TX* LANES, forward_min_ctas<RATIO, COFF, HEAD_DIM, VEC, LANES, SERIAL>(TX* LANES))
+    TX* LANES, forward_min_ctas<IO, RATIO, COFF, HEAD_DIM, VEC, LANES, SERIAL>(TX* LANES))
     lane_window_forward(const __grid_constant__ ForwardParams p) {
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   static_assert(LANES >= VEC, "lanes 0..VEC-1 finish the columns");
   static_assert(!(SERIAL && FAST_EXP), "the serial order is the bitwise contract: exact expf");
   constexpr int NCV = HEAD_DIM / VEC;
@@ -169,14 +179,12 @@ __global__ void __launch_bounds__(
   // larger grids it slowed the kernel, and prefetching in the first wave only lost the small
   // grids' gain.
   if (p.prefetch_early && active)
-    prefetch_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(p.score, p.kv, row, p.total_tokens, col,
-                                                            lane);
+    prefetch_lane_window<IO, RATIO, COFF, HEAD_DIM, VEC, LANES>(p, row, col, lane);
   pdl_enter();
-  const RowWindow w =
-      locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+  const RowWindow w = L::locate(p, row);
   float s[LW::C][VEC], x[LW::C][VEC];
   if (active) {
-    load_lane_window<RATIO, COFF, HEAD_DIM, VEC, LANES>(p.score, p.kv, p.ape, w, col, lane, s, x);
+    load_lane_window<IO, RATIO, COFF, HEAD_DIM, VEC, LANES>(p, w, col, lane, s, x);
   } else {
 #pragma unroll
     for (int j = 0; j < LW::C; ++j)
@@ -227,8 +235,9 @@ __global__ void __launch_bounds__(
     }
     __syncthreads();
     if (lane >= VEC || !active) return;
-    const float out = serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0]);
-    p.out[row * HEAD_DIM + col + lane] = f32_to_bf16(out);
+    const float out[1] = {serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0])};
+    IO::Store::template store<typename IO::E, 1>(
+        IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);
   } else {
     float m[VEC], den[VEC], acc[VEC];
     lane_exps<LW::C, VEC, FAST_EXP>(s, m, den);
@@ -251,8 +260,9 @@ __global__ void __launch_bounds__(
     const float total_acc = merged_sum<LANES, FAST_EXP>(&sm_m[0][c], &sm_acc[0][c], COLS, M);
     // Correctly rounded while den and the quotient stay normal (den >= 1: the window max's e
     // is 1); no slow-path call (tolerance contract).
-    p.out[row * HEAD_DIM + col + lane] =
-        f32_to_bf16(div_rn_fast(total_acc, total_den, refined_reciprocal(total_den)));
+    const float out[1] = {div_rn_fast(total_acc, total_den, refined_reciprocal(total_den))};
+    IO::Store::template store<typename IO::E, 1>(
+        IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);
   }
 }
 

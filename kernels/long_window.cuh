@@ -16,12 +16,16 @@ namespace csa_kernel {
 // columns per access. Invalid slots become (-inf, 0); columns past head_dim (0, 0).
 // NOTE: loads are issued in batches before any shared-memory store, so each thread keeps
 // BATCH window slots in flight (one DRAM round trip per batch, not per slot).
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS, int MAX_BATCH>
-__device__ __forceinline__ void stage_window(LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS>& sm,
-                                             const csa_u16* score, const csa_u16* kv,
-                                             const float* ape, const RowWindow& w, int col0) {
-  using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS>;
-  using Raw = typename RawBf16<VEC>::type;
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS,
+          int MAX_BATCH, class P>
+__device__ __forceinline__ void stage_window(
+    LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS, typename IO::E>& sm, const P& p,
+    const RowWindow& w, int col0) {
+  using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS, typename IO::E>;
+  using Lay = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  using Raw = RawVec<typename IO::E, VEC>;
+  const TokenRows sr = Lay::rows(p, p.score_stride);
+  const TokenRows kr = Lay::rows(p, p.kv_stride);
   constexpr int NCV = COLS / VEC;
   constexpr int ITEMS = L::WIN * NCV;
   constexpr int ITERS = (ITEMS + THREADS - 1) / THREADS;
@@ -36,10 +40,11 @@ __device__ __forceinline__ void stage_window(LongWindow<RATIO, COFF, HEAD_DIM, C
       const int k = i / NCV;
       const int col = col0 + (i - k * NCV) * VEC;
       if (i < ITEMS && col < HEAD_DIM && L::valid(k, w.first)) {
-        const int off = L::token(w.t0, k) * L::W + L::half_offset(k) + col;
-        sc[b] = __ldg(reinterpret_cast<const Raw*>(score + off));
-        x[b] = __ldg(reinterpret_cast<const Raw*>(kv + off));
-        load_f32<VEC>(ape + L::ape_index(k, col), a[b]);
+        sc[b] = load_raw<typename IO::E, VEC>(IO::in(p.score) +
+                                              slot_offset<RATIO, COFF, HEAD_DIM>(w, sr, k, col));
+        x[b] = load_raw<typename IO::E, VEC>(IO::in(p.kv) +
+                                             slot_offset<RATIO, COFF, HEAD_DIM>(w, kr, k, col));
+        load_f32<VEC>(p.ape + L::ape_index(k, col), a[b]);
       } else {
         sc[b] = Raw{};
         x[b] = Raw{};
@@ -54,7 +59,7 @@ __device__ __forceinline__ void stage_window(LongWindow<RATIO, COFF, HEAD_DIM, C
       const int k = i / NCV;
       const int c = (i - k * NCV) * VEC;
       float s[VEC];
-      raw_to_f32<VEC>(sc[b], s);
+      raw_to_f32<typename IO::E, VEC>(sc[b], s);
       // Invalid slots: -inf + 0 (bits 0) = -inf; past head_dim: 0 + 0.
 #pragma unroll
       for (int v = 0; v < VEC; ++v) sm.E(k, c + v) = __fadd_rn(s[v], a[b][v]);
@@ -101,12 +106,13 @@ __device__ __forceinline__ float merge_lanes(L& sm, int which, int c) {
   return acc;
 }
 
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS, bool SERIAL,
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS, bool SERIAL,
           bool FAST_EXP>
 __global__ void __launch_bounds__(THREADS)
     long_window_forward(const __grid_constant__ ForwardParams p) {
   pdl_enter();
-  using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS>;
+  using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS, typename IO::E>;
+  using Lay = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   extern __shared__ __align__(16) float smem[];
   L sm(smem);
   const ForwardTile<(HEAD_DIM + COLS - 1) / COLS> tile;
@@ -114,9 +120,9 @@ __global__ void __launch_bounds__(THREADS)
   const int col0 = tile.slice * COLS;
   const int c = threadIdx.x % COLS;
   const int lane = threadIdx.x / COLS;
-  const RowWindow w =
-      locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
-  stage_window<RATIO, COFF, HEAD_DIM, VEC, COLS, THREADS, 8>(sm, p.score, p.kv, p.ape, w, col0);
+  const RowWindow w = Lay::locate(p, row);
+  stage_window<IO, RATIO, COFF, HEAD_DIM, VEC, COLS, THREADS, 8>(sm, p, w, col0);
+  typename IO::T* const out = IO::out(p.out) + row * Lay::out_stride(p, p.out_stride) + col0 + c;
   __syncthreads();
   const float den_part = window_exps<FAST_EXP>(sm, lane, c);
   const bool store = lane == 0 && col0 + c < HEAD_DIM;
@@ -128,7 +134,10 @@ __global__ void __launch_bounds__(THREADS)
     for (int k = lane; k < L::WIN; k += L::CHUNKS)
       sm.E(k, c) = __fmul_rn(sm.KV(k, c), __fdiv_rn(sm.E(k, c), den));
     __syncthreads();
-    if (store) p.out[row * HEAD_DIM + col0 + c] = f32_to_bf16(serial_sum(sm, c));
+    if (store) {
+      const float v[1] = {serial_sum(sm, c)};
+      IO::Store::template store<typename IO::E, 1>(out, row, col0 + c, v);
+    }
   } else {
     float acc = 0.0f;
     for (int k = lane; k < L::WIN; k += L::CHUNKS)
@@ -138,17 +147,22 @@ __global__ void __launch_bounds__(THREADS)
     __syncthreads();
     if (store) {
       const float den = merge_lanes(sm, 1, c);
-      p.out[row * HEAD_DIM + col0 + c] = f32_to_bf16(__fdiv_rn(merge_lanes(sm, 2, c), den));
+      const float v[1] = {__fdiv_rn(merge_lanes(sm, 2, c), den)};
+      IO::Store::template store<typename IO::E, 1>(out, row, col0 + c, v);
     }
   }
 }
 
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS, bool SERIAL,
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int COLS, int THREADS, bool SERIAL,
           bool FAST_EXP>
 __global__ void __launch_bounds__(THREADS)
     long_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter();
-  using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS>;
+  using L = LongWindow<RATIO, COFF, HEAD_DIM, COLS, THREADS, typename IO::E>;
+  using Lay = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  using E = typename IO::E;
+  const TokenRows gkr = Lay::rows(p, p.grad_kv_stride);
+  const TokenRows gsr = Lay::rows(p, p.grad_score_stride);
   extern __shared__ __align__(16) float smem[];
   L sm(smem);
   const int col0 = blockIdx.y * COLS;
@@ -156,7 +170,7 @@ __global__ void __launch_bounds__(THREADS)
   const int lane = threadIdx.x / COLS;
   const int col = col0 + c;
   const bool active = col < HEAD_DIM;
-  const int rows_valid = valid_row_count(p.cu_seqlens_comp, p.num_segments, p.total_comp);
+  const int rows_valid = Lay::rows_valid(p);
 
   float dape[L::PER_LANE];
 #pragma unroll
@@ -166,11 +180,13 @@ __global__ void __launch_bounds__(THREADS)
   const int row_end = static_cast<int>(
       row_begin + p.rows_per_cta < rows_valid ? row_begin + p.rows_per_cta : rows_valid);
   for (int row = static_cast<int>(row_begin); row < row_end; ++row) {
-    const RowWindow w =
-        locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+    const RowWindow w = Lay::locate(p, row);
     // Fewer slots in flight than the forward: the backward also holds grad_ape partials.
-    stage_window<RATIO, COFF, HEAD_DIM, VEC, COLS, THREADS, 4>(sm, p.score, p.kv, p.ape, w, col0);
-    if (lane == 0) sm.Col(1, c) = active ? bf16_to_f32(p.grad_out[row * HEAD_DIM + col]) : 0.0f;
+    stage_window<IO, RATIO, COFF, HEAD_DIM, VEC, COLS, THREADS, 4>(sm, p, w, col0);
+    if (lane == 0)
+      sm.Col(1, c) =
+          active ? E::to_f32(IO::in(p.grad_out)[row * Lay::out_stride(p, p.grad_out_stride) + col])
+                 : 0.0f;
     __syncthreads();
     const float den_part = window_exps<FAST_EXP>(sm, lane, c);
     if constexpr (!SERIAL) sm.Red(1, lane, c) = den_part;
@@ -209,17 +225,17 @@ __global__ void __launch_bounds__(THREADS)
         const float pk = sm.E(k, c);
         const float pd = __fmul_rn(__fmul_rn(g, sm.KV(k, c)), pk);
         const float ds = __fmaf_rn(pk, -S, pd);
-        const int off = L::token(w.t0, k) * L::W + L::half_offset(k) + col;
-        p.grad_kv[off] = f32_to_bf16(__fmul_rn(g, pk));
-        p.grad_score[off] = f32_to_bf16(ds);
+        IO::out(p.grad_kv)[slot_offset<RATIO, COFF, HEAD_DIM>(w, gkr, k, col)] =
+            E::from_f32(__fmul_rn(g, pk));
+        IO::out(p.grad_score)[slot_offset<RATIO, COFF, HEAD_DIM>(w, gsr, k, col)] = E::from_f32(ds);
         dape[j] = __fadd_rn(dape[j], ds);
       }
     }
-    zero_after_last_block<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, w, col0);
+    zero_after_last_block<IO, RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, w, col0);
     __syncthreads();  // the tiles are restaged by the next row
   }
 
-  zero_unowned<RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
+  zero_unowned<IO, RATIO, COFF, HEAD_DIM, COLS, THREADS>(p, col0);
 
   // grad_ape: this row group's partial for the CTA's columns, summed later in fixed order.
   if (!active) return;

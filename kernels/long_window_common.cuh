@@ -1,7 +1,7 @@
 // Long-window family, shared pieces: the exp forms, the window's slot geometry and the
 // staged form's shared-memory layout, raw bf16 vectors, and the backward's zero-writes.
 #pragma once
-#include "csa_common.cuh"
+#include "csa_io.cuh"
 
 namespace csa_kernel {
 
@@ -23,8 +23,10 @@ __device__ __forceinline__ float softmax_exp(float x) {
   }
 }
 
-// Slot geometry of the window (SPEC §1) and the shared-memory layout of one CTA.
-template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
+// Slot geometry of the window (SPEC §1) and the shared-memory layout of one CTA (kv staged
+// as elements of KvE).
+template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS,
+          class KvE = Element<kElementBf16>>
 struct LongWindow {
   static constexpr int W = COFF * HEAD_DIM;
   static constexpr int WIN = COFF * RATIO;
@@ -33,8 +35,6 @@ struct LongWindow {
   static_assert(THREADS % COLS == 0, "COLS must divide THREADS");
   static_assert(CHUNKS >= 1, "at least one lane per column");
 
-  // Token of slot k relative to the row's own block start t0.
-  static __device__ __forceinline__ int token(int t0, int k) { return t0 + k - (COFF - 1) * RATIO; }
   // First column of slot k's half inside a token's W columns.
   static __device__ __forceinline__ int half_offset(int k) {
     return (COFF == 2 && k >= RATIO) ? HEAD_DIM : 0;
@@ -46,52 +46,42 @@ struct LongWindow {
     return !(COFF == 2 && first && k < RATIO);
   }
 
-  // Layout (in 4-byte words): e[WIN][COLS] | red[3][CHUNKS][COLS] | col[4][COLS] | kv (bf16).
+  // Layout (in 4-byte words): e[WIN][COLS] | red[3][CHUNKS][COLS] | col[4][COLS] | kv.
+  using KvT = typename KvE::T;
   float* e;
   float* red;
   float* col;
-  unsigned short* kv;
+  KvT* kv;
   static constexpr int kWords = WIN * COLS + 3 * CHUNKS * COLS + 4 * COLS;
-  static constexpr int kBytes = kWords * 4 + WIN * COLS * 2;
+  static constexpr int kBytes = kWords * 4 + WIN * COLS * static_cast<int>(sizeof(KvT));
+  static_assert(kBytes == staged_window_bytes(sizeof(KvT) == 4 ? kElementF32 : kElementBf16, WIN,
+                                              CHUNKS, COLS),
+                "the host sizes the staged form's shared memory with staged_window_bytes");
   __device__ explicit LongWindow(float* smem)
       : e(smem),
         red(smem + WIN * COLS),
         col(smem + WIN * COLS + 3 * CHUNKS * COLS),
-        kv(reinterpret_cast<unsigned short*>(smem + kWords)) {}
+        kv(reinterpret_cast<KvT*>(smem + kWords)) {}
   __device__ float& E(int k, int c) { return e[k * COLS + c]; }
   __device__ float& Red(int which, int lane, int c) {
     return red[(which * CHUNKS + lane) * COLS + c];
   }
   __device__ float& Col(int which, int c) { return col[which * COLS + c]; }
-  __device__ float KV(int k, int c) const { return bf16_to_f32(kv[k * COLS + c]); }
+  __device__ float KV(int k, int c) const { return KvE::to_f32(kv[k * COLS + c]); }
 };
 
-// VEC adjacent bf16 values as raw bits, one access.
-template <int VEC>
-struct RawBf16;
-template <>
-struct RawBf16<1> {
-  using type = unsigned short;
-};
-template <>
-struct RawBf16<2> {
-  using type = unsigned;
-};
-template <>
-struct RawBf16<4> {
-  using type = uint2;
-};
-template <>
-struct RawBf16<8> {
-  using type = uint4;
-};
+// Token of slot k relative to the row's own block start, in the segment's token order.
+template <int RATIO, int COFF>
+__device__ __forceinline__ int slot_token(int k) {
+  return k - (COFF - 1) * RATIO;
+}
 
-template <int VEC>
-__device__ __forceinline__ void raw_to_f32(const typename RawBf16<VEC>::type& raw,
-                                           float (&v)[VEC]) {
-  const unsigned short* h = reinterpret_cast<const unsigned short*>(&raw);
-#pragma unroll
-  for (int i = 0; i < VEC; ++i) v[i] = bf16_to_f32(h[i]);
+// Element offset, in one tensor whose rows are `rows`, of slot k's VEC columns from `col`.
+template <int RATIO, int COFF, int HEAD_DIM>
+__device__ __forceinline__ long long slot_offset(const RowWindow& w, const TokenRows& rows, int k,
+                                                 int col) {
+  const int half = (COFF == 2 && k >= RATIO) ? HEAD_DIM : 0;
+  return rows.at(w.t0) + rows.steps(slot_token<RATIO, COFF>(k)) + half + col;
 }
 
 // The forward's flat grid: CTA b takes column slice b % SLICES of row b / SLICES, so the CTAs
@@ -123,61 +113,75 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Exact zeros on `count` tokens from `first_token`, columns [col0, col0 + COLS) of the halves
-// selected (first half only when `first_half_only`).
-template <int COFF, int HEAD_DIM, int COLS, int THREADS>
-__device__ __forceinline__ void zero_tokens(const BackwardParams& p, int first_token, int count,
-                                            int col0, bool first_half_only) {
-  constexpr int W = COFF * HEAD_DIM;
+// Exact zeros on `count` tokens of one segment from the layout's row `first_row` (tokens
+// `step` rows apart), columns [col0, col0 + COLS) of the halves selected (first half only
+// when `first_half_only`).
+template <class IO, int COFF, int HEAD_DIM, int COLS, int THREADS>
+__device__ __forceinline__ void zero_tokens(const BackwardParams& p, const TokenRows& gk,
+                                            const TokenRows& gs, long long first_row, int step,
+                                            int count, int col0, bool first_half_only) {
   constexpr int HALVES = COFF;
   const int halves = first_half_only ? 1 : HALVES;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  typename IO::T* const grad_kv = IO::out(p.grad_kv);
+  typename IO::T* const grad_score = IO::out(p.grad_score);
   for (int i = tid; i < count * halves * COLS; i += THREADS) {
     const int c = i % COLS;
     const int h = (i / COLS) % halves;
-    const int t = first_token + i / (COLS * halves);
+    const long long row = first_row + static_cast<long long>(i / (COLS * halves)) * step;
     if (col0 + c >= HEAD_DIM) continue;
-    const int off = t * W + h * HEAD_DIM + col0 + c;
-    p.grad_kv[off] = 0;
-    p.grad_score[off] = 0;
+    const int col = h * HEAD_DIM + col0 + c;
+    grad_kv[row * gk.stride + col] = 0;
+    grad_score[row * gs.stride + col] = 0;
   }
 }
 
 // After a segment's last block (w.last), for the CTA's columns: exact zeros on what no row
 // consumes, the block's own first-half columns (coff 2) and the tail of fewer than ratio
 // tokens after it.
-template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
 __device__ __forceinline__ void zero_after_last_block(const BackwardParams& p, const RowWindow& w,
                                                       int col0) {
   if (!w.last) return;
-  if (COFF == 2) zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0, RATIO, col0, true);
-  const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
-  if (tail_end > w.t0 + RATIO)
-    zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, w.t0 + RATIO, tail_end - w.t0 - RATIO, col0,
-                                               false);
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  const TokenRows gk = L::rows(p, p.grad_kv_stride);
+  const TokenRows gs = L::rows(p, p.grad_score_stride);
+  const int step = L::token_step(p);
+  if (COFF == 2)
+    zero_tokens<IO, COFF, HEAD_DIM, COLS, THREADS>(p, gk, gs, w.t0, step, RATIO, col0, true);
+  if (w.tail > 0)
+    zero_tokens<IO, COFF, HEAD_DIM, COLS, THREADS>(
+        p, gk, gs, w.t0 + static_cast<long long>(RATIO) * step, step, w.tail, col0, false);
 }
 
-// Zero-writes owned by no row, for the CTA's columns: segments shorter than ratio and the
-// token capacity past cu[B], spread over the row groups (gridDim.x).
-template <int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
+// Zero-writes owned by no row, for the CTA's columns: segments shorter than ratio (THD) and
+// the token rows past the used ones (Layout::used_tokens), spread over the row groups
+// (gridDim.x).
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int COLS, int THREADS>
 __device__ __forceinline__ void zero_unowned(const BackwardParams& p, int col0) {
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  const TokenRows gk = L::rows(p, p.grad_kv_stride);
+  const TokenRows gs = L::rows(p, p.grad_score_stride);
   const int groups = gridDim.x;
-  for (int s = blockIdx.x; s < p.num_segments; s += groups) {
-    if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
-    const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
-    const int t_end =
-        clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin, min(p.total_tokens, t_begin + RATIO - 1));
-    zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, t_begin, t_end - t_begin, col0, false);
+  if constexpr (L::kOffsets) {
+    for (int s = blockIdx.x; s < p.num_segments; s += groups) {
+      if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
+      const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
+      const int t_end =
+          clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin, min(p.total_tokens, t_begin + RATIO - 1));
+      zero_tokens<IO, COFF, HEAD_DIM, COLS, THREADS>(p, gk, gs, t_begin, 1, t_end - t_begin, col0,
+                                                     false);
+    }
   }
-  const int used =
-      p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
+  const int used = L::used_tokens(p);
   // NOTE: 64-bit products: groups * per_group may pass 2^31.
   const long long capacity = p.total_tokens - used;
   const long long per_group = (capacity + groups - 1) / groups;
   const int t_begin = used + static_cast<int>(min(capacity, blockIdx.x * per_group));
   const int t_end = used + static_cast<int>(min(capacity, (blockIdx.x + 1) * per_group));
   if (t_end > t_begin)
-    zero_tokens<COFF, HEAD_DIM, COLS, THREADS>(p, t_begin, t_end - t_begin, col0, false);
+    zero_tokens<IO, COFF, HEAD_DIM, COLS, THREADS>(p, gk, gs, t_begin, 1, t_end - t_begin, col0,
+                                                   false);
 }
 
 }  // namespace csa_kernel

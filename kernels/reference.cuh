@@ -1,53 +1,89 @@
 // The plain reference family: one thread per output element, the SPEC §2 op order written out
 // literally over all window slots (invalid slots as score -inf, kv 0). Independent of the
-// fused families' code paths; the GPU tests compare the fused kernels to it bit for bit.
+// fused families' code paths (its own segment search and addressing); the GPU tests compare
+// the fused kernels to it bit for bit.
 #pragma once
-#include "csa_common.cuh"
+#include "csa_io.cuh"
 
 namespace csa_kernel {
 
-template <int RATIO, int COFF, int HEAD_DIM>
+// Rows of the layout: THD row cu[s] + t, SBHD row t * B + s, for token t of segment s; `stride`
+// elements apart (the packed layout: the tensor's width).
+template <class IO>
+struct ReferenceRows {
+  template <class P>
+  static __device__ long long row(const P& p, int segment, int token) {
+    if (IO::kLayout == kLayoutSbhd) return static_cast<long long>(token) * p.num_segments + segment;
+    return static_cast<long long>(p.cu_seqlens[segment]) + token;
+  }
+  static __device__ long long stride(int stride, int width) {
+    return IO::kLayout == kLayoutThdPacked ? width : stride;
+  }
+};
+
+template <class IO, int RATIO, int COFF, int HEAD_DIM>
 struct ReferenceWindow {
   static constexpr int W = COFF * HEAD_DIM;
   static constexpr int SLOTS = COFF * RATIO;
-  int t0;
+  int segment;
+  int block;  // of the row in its segment
   bool first;
+  bool padding;
 
   // Linear scan over segments, as the eager gather's bucketize does.
-  __device__ ReferenceWindow(const int* cu, const int* cuc, int num_segments, int row) {
-    t0 = 0;
+  template <class P>
+  __device__ ReferenceWindow(const P& p, int row) {
+    segment = 0;
+    block = 0;
     first = true;
-    if (num_segments <= 0 || row >= cuc[num_segments]) return;  // padding row
-    for (int s = 0; s < num_segments; ++s) {
-      if (cuc[s] <= row && row < cuc[s + 1]) {
-        t0 = cu[s] + (row - cuc[s]) * RATIO;
-        first = row == cuc[s];
+    padding = true;
+    if (IO::kLayout == kLayoutSbhd) {
+      segment = row % p.num_segments;
+      block = row / p.num_segments;
+      first = block == 0;
+      padding = false;
+      return;
+    }
+    if (p.num_segments <= 0 || row >= p.cu_seqlens_comp[p.num_segments]) return;  // padding row
+    for (int s = 0; s < p.num_segments; ++s) {
+      if (p.cu_seqlens_comp[s] <= row && row < p.cu_seqlens_comp[s + 1]) {
+        segment = s;
+        block = row - p.cu_seqlens_comp[s];
+        first = block == 0;
+        padding = false;
       }
     }
   }
   __device__ bool valid(int k) const { return COFF == 1 || k >= RATIO || !first; }
-  // Flat offset of slot k, column j into kv / score, and the APE element it adds.
-  __device__ int offset(int k, int j) const {
-    if (COFF == 1) return (t0 + k) * W + j;
-    return k < RATIO ? (t0 - RATIO + k) * W + j : (t0 + k - RATIO) * W + HEAD_DIM + j;
+  // Token of slot k in the segment, the column of its half, and the APE element it adds.
+  __device__ int token(int k) const { return block * RATIO + k - (COFF - 1) * RATIO; }
+  __device__ int column(int k, int j) const { return (COFF == 2 && k >= RATIO) ? HEAD_DIM + j : j; }
+  __device__ int ape_index(int k, int j) const { return (k % RATIO) * W + column(k, j); }
+  // Element offset of slot k, column j in a tensor of row stride `stride`. Padding rows read
+  // block 0 of a segment starting at token 0 (row 0 of the layout).
+  template <class P>
+  __device__ long long offset(const P& p, long long stride, int k, int j) const {
+    const long long row = padding ? token(k) : ReferenceRows<IO>::row(p, segment, token(k));
+    return row * stride + column(k, j);
   }
-  __device__ int ape_index(int k, int j) const {
-    if (COFF == 1) return k * W + j;
-    return k < RATIO ? k * W + j : (k - RATIO) * W + HEAD_DIM + j;
+  template <class P>
+  __device__ float s(const P& p, int k, int j) const {
+    if (!valid(k)) return neg_inf();
+    const long long st = ReferenceRows<IO>::stride(p.score_stride, W);
+    return __fadd_rn(IO::E::to_f32(IO::in(p.score)[offset(p, st, k, j)]), p.ape[ape_index(k, j)]);
   }
-  __device__ float s(const ForwardParams& p, int k, int j) const {
-    return valid(k) ? __fadd_rn(bf16_to_f32(p.score[offset(k, j)]), p.ape[ape_index(k, j)])
-                    : neg_inf();
-  }
-  __device__ float kv(const unsigned short* kvp, int k, int j) const {
-    return valid(k) ? bf16_to_f32(kvp[offset(k, j)]) : 0.0f;
+  template <class P>
+  __device__ float kv(const P& p, int k, int j) const {
+    if (!valid(k)) return 0.0f;
+    const long long st = ReferenceRows<IO>::stride(p.kv_stride, W);
+    return IO::E::to_f32(IO::in(p.kv)[offset(p, st, k, j)]);
   }
 };
 
 // Softmax weights of one (row, column) in the reference order.
-template <int RATIO, int COFF, int HEAD_DIM>
-__device__ void reference_weights(const ReferenceWindow<RATIO, COFF, HEAD_DIM>& w,
-                                  const ForwardParams& p, int j, float (&prob)[COFF * RATIO]) {
+template <class IO, int RATIO, int COFF, int HEAD_DIM, class P>
+__device__ void reference_weights(const ReferenceWindow<IO, RATIO, COFF, HEAD_DIM>& w, const P& p,
+                                  int j, float (&prob)[COFF * RATIO]) {
   constexpr int SLOTS = COFF * RATIO;
   float m = neg_inf();
   for (int k = 0; k < SLOTS; ++k) m = fmaxf(m, w.s(p, k, j));
@@ -59,97 +95,107 @@ __device__ void reference_weights(const ReferenceWindow<RATIO, COFF, HEAD_DIM>& 
   for (int k = 0; k < SLOTS; ++k) prob[k] = __fdiv_rn(prob[k], den);
 }
 
-template <int RATIO, int COFF, int HEAD_DIM>
+template <class IO, int RATIO, int COFF, int HEAD_DIM>
 __global__ void reference_forward(const __grid_constant__ ForwardParams p) {
   const long long gid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (gid >= static_cast<long long>(p.total_comp) * HEAD_DIM) return;
   const int row = static_cast<int>(gid / HEAD_DIM);
   const int j = static_cast<int>(gid % HEAD_DIM);
-  const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
-                                                 row);
+  const ReferenceWindow<IO, RATIO, COFF, HEAD_DIM> w(p, row);
   float prob[COFF * RATIO];
   reference_weights(w, p, j, prob);
   float acc = 0.0f;
-  for (int k = 0; k < COFF * RATIO; ++k) acc = __fadd_rn(acc, __fmul_rn(w.kv(p.kv, k, j), prob[k]));
-  p.out[row * HEAD_DIM + j] = f32_to_bf16(acc);
+  for (int k = 0; k < COFF * RATIO; ++k) acc = __fadd_rn(acc, __fmul_rn(w.kv(p, k, j), prob[k]));
+  const long long os = ReferenceRows<IO>::stride(p.out_stride, HEAD_DIM);
+  IO::out(p.out)[row * os + j] = IO::E::from_f32(acc);
 }
 
-__device__ inline ForwardParams forward_view(const BackwardParams& b) {
-  ForwardParams f;
-  f.kv = b.kv;
-  f.score = b.score;
-  f.ape = b.ape;
-  f.cu_seqlens = b.cu_seqlens;
-  f.cu_seqlens_comp = b.cu_seqlens_comp;
-  f.out = nullptr;
-  f.total_tokens = b.total_tokens;
-  f.num_segments = b.num_segments;
-  f.total_comp = b.total_comp;
-  f.prefetch_early = 0;
-  return f;
+template <class IO, class P>
+__device__ int reference_rows_valid(const P& p) {
+  if (IO::kLayout == kLayoutSbhd) return p.total_comp;
+  return p.num_segments > 0 ? min(p.cu_seqlens_comp[p.num_segments], p.total_comp) : 0;
 }
 
 // ds_k of every slot of one (row, column); returns S.
-template <int RATIO, int COFF, int HEAD_DIM>
-__device__ void reference_slot_grads(const ReferenceWindow<RATIO, COFF, HEAD_DIM>& w,
-                                     const ForwardParams& f, float g, int j,
+template <class IO, int RATIO, int COFF, int HEAD_DIM>
+__device__ void reference_slot_grads(const ReferenceWindow<IO, RATIO, COFF, HEAD_DIM>& w,
+                                     const BackwardParams& p, float g, int j,
                                      float (&prob)[COFF * RATIO], float (&ds)[COFF * RATIO]) {
   constexpr int SLOTS = COFF * RATIO;
-  reference_weights(w, f, j, prob);
+  reference_weights(w, p, j, prob);
   float S = 0.0f;
+  for (int k = 0; k < SLOTS; ++k) S = __fadd_rn(S, __fmul_rn(__fmul_rn(g, w.kv(p, k, j)), prob[k]));
   for (int k = 0; k < SLOTS; ++k)
-    S = __fadd_rn(S, __fmul_rn(__fmul_rn(g, w.kv(f.kv, k, j)), prob[k]));
-  for (int k = 0; k < SLOTS; ++k)
-    ds[k] = __fmaf_rn(prob[k], -S, __fmul_rn(__fmul_rn(g, w.kv(f.kv, k, j)), prob[k]));
+    ds[k] = __fmaf_rn(prob[k], -S, __fmul_rn(__fmul_rn(g, w.kv(p, k, j)), prob[k]));
 }
 
-template <int RATIO, int COFF, int HEAD_DIM>
+template <class IO, int HEAD_DIM>
+__device__ float reference_grad_out(const BackwardParams& p, int row, int j) {
+  const long long gs = ReferenceRows<IO>::stride(p.grad_out_stride, HEAD_DIM);
+  return IO::E::to_f32(IO::in(p.grad_out)[row * gs + j]);
+}
+
+template <class IO, int RATIO, int COFF, int HEAD_DIM>
 __global__ void reference_backward_rows(const __grid_constant__ BackwardParams p) {
+  constexpr int W = COFF * HEAD_DIM;
   const long long gid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int rows_valid =
-      p.num_segments > 0 ? min(p.cu_seqlens_comp[p.num_segments], p.total_comp) : 0;
-  if (gid >= static_cast<long long>(rows_valid) * HEAD_DIM) return;
+  if (gid >= static_cast<long long>(reference_rows_valid<IO>(p)) * HEAD_DIM) return;
   const int row = static_cast<int>(gid / HEAD_DIM);
   const int j = static_cast<int>(gid % HEAD_DIM);
-  const ForwardParams f = forward_view(p);
-  const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
-                                                 row);
-  const float g = bf16_to_f32(p.grad_out[row * HEAD_DIM + j]);
+  const ReferenceWindow<IO, RATIO, COFF, HEAD_DIM> w(p, row);
+  const float g = reference_grad_out<IO, HEAD_DIM>(p, row, j);
   float prob[COFF * RATIO], ds[COFF * RATIO];
-  reference_slot_grads(w, f, g, j, prob, ds);
+  reference_slot_grads(w, p, g, j, prob, ds);
+  const long long gks = ReferenceRows<IO>::stride(p.grad_kv_stride, W);
+  const long long gss = ReferenceRows<IO>::stride(p.grad_score_stride, W);
   for (int k = 0; k < COFF * RATIO; ++k) {
     if (!w.valid(k)) continue;
-    p.grad_kv[w.offset(k, j)] = f32_to_bf16(__fmul_rn(g, prob[k]));
-    p.grad_score[w.offset(k, j)] = f32_to_bf16(ds[k]);
+    IO::out(p.grad_kv)[w.offset(p, gks, k, j)] = IO::E::from_f32(__fmul_rn(g, prob[k]));
+    IO::out(p.grad_score)[w.offset(p, gss, k, j)] = IO::E::from_f32(ds[k]);
   }
 }
 
-// Zeros every never-consumed (token, column), decided from cu_seqlens alone.
-template <int RATIO, int COFF, int HEAD_DIM>
+// Zeros every never-consumed (token, column), decided from the segments alone.
+template <class IO, int RATIO, int COFF, int HEAD_DIM>
 __global__ void reference_backward_zeros(const __grid_constant__ BackwardParams p) {
   constexpr int W = COFF * HEAD_DIM;
   const long long gid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (gid >= static_cast<long long>(p.total_tokens) * W) return;
-  const int t = static_cast<int>(gid / W);
+  const int r = static_cast<int>(gid / W);  // the layout's row
   const int c = static_cast<int>(gid % W);
   bool consumed = false;
-  for (int s = 0; s < p.num_segments; ++s) {
-    const int a = p.cu_seqlens[s];
-    const int b = p.cu_seqlens[s + 1];
-    if (t < a || t >= b) continue;
-    const int blocks = (b - a) / RATIO;
-    const int blk = (t - a) / RATIO;
+  int seg_tokens = 0, t = 0;
+  bool found = false;
+  if (IO::kLayout == kLayoutSbhd) {
+    seg_tokens = p.seq_len;
+    t = r / p.num_segments;
+    found = true;
+  } else {
+    for (int s = 0; s < p.num_segments; ++s) {
+      const int a = p.cu_seqlens[s];
+      const int b = p.cu_seqlens[s + 1];
+      if (r < a || r >= b) continue;
+      seg_tokens = b - a;
+      t = r - a;
+      found = true;
+    }
+  }
+  if (found) {
+    const int blocks = seg_tokens / RATIO;
+    const int blk = t / RATIO;
     // coff 2: first-half columns are consumed by the next block's window.
     consumed = (COFF == 2 && c < HEAD_DIM) ? blk + 1 < blocks : blk < blocks;
   }
   if (!consumed) {
-    p.grad_kv[gid] = 0;
-    p.grad_score[gid] = 0;
+    const long long gks = ReferenceRows<IO>::stride(p.grad_kv_stride, W);
+    const long long gss = ReferenceRows<IO>::stride(p.grad_score_stride, W);
+    IO::out(p.grad_kv)[r * gks + c] = IO::E::from_f32(0.0f);
+    IO::out(p.grad_score)[r * gss + c] = IO::E::from_f32(0.0f);
   }
 }
 
 // One thread per grad_ape element: the sum over valid rows in ascending order.
-template <int RATIO, int COFF, int HEAD_DIM>
+template <class IO, int RATIO, int COFF, int HEAD_DIM>
 __global__ void reference_grad_ape(const __grid_constant__ BackwardParams p) {
   constexpr int W = COFF * HEAD_DIM;
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
@@ -158,17 +204,14 @@ __global__ void reference_grad_ape(const __grid_constant__ BackwardParams p) {
   const int c = e % W;
   const int slot = (COFF == 2 && c >= HEAD_DIM) ? RATIO + a : a;
   const int j = (COFF == 2 && c >= HEAD_DIM) ? c - HEAD_DIM : c;
-  const ForwardParams f = forward_view(p);
-  const int rows_valid =
-      p.num_segments > 0 ? min(p.cu_seqlens_comp[p.num_segments], p.total_comp) : 0;
+  const int rows_valid = reference_rows_valid<IO>(p);
   float sum = 0.0f;
   for (int row = 0; row < rows_valid; ++row) {
-    const ReferenceWindow<RATIO, COFF, HEAD_DIM> w(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments,
-                                                   row);
+    const ReferenceWindow<IO, RATIO, COFF, HEAD_DIM> w(p, row);
     if (!w.valid(slot)) continue;
-    const float g = bf16_to_f32(p.grad_out[row * HEAD_DIM + j]);
+    const float g = reference_grad_out<IO, HEAD_DIM>(p, row, j);
     float prob[COFF * RATIO], ds[COFF * RATIO];
-    reference_slot_grads(w, f, g, j, prob, ds);
+    reference_slot_grads(w, p, g, j, prob, ds);
     sum = __fadd_rn(sum, ds[slot]);
   }
   p.grad_ape[e] = p.accumulate ? __fadd_rn(p.grad_ape[e], sum) : sum;

@@ -2,29 +2,32 @@
 // and evaluates it in the serial op order of the fp32-intermediate reference, so out, grad_kv
 // and grad_score are bitwise equal to it (SPEC §2 item 2).
 #pragma once
-#include "csa_common.cuh"
+#include "csa_io.cuh"
 
 namespace csa_kernel {
 
 // One row's window, every load issued before any arithmetic (one memory round trip): s_k =
-// score_k + ape_k and kv_k for each slot; the previous half only when `use_prev`. `base` is
-// the row's first own-block token times W plus the column.
+// score_k + ape_k and kv_k for each slot; the previous half only when `use_prev`. `sbase` /
+// `kbase` are the element offsets of the row's first own-block token in score / kv plus the
+// column; consecutive tokens lie `ss` / `ks` elements apart (compile-time in packed THD).
 // NOTE: 64-bit row bases, so that every slot's load is the base plus a constant offset.
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int NPREV>
-__device__ __forceinline__ void load_window(const csa_u16* score, const csa_u16* kv,
-                                            const float* ape, long long base, int col,
-                                            bool use_prev, float (&prev_s)[NPREV][VEC],
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int NPREV>
+__device__ __forceinline__ void load_window(const typename IO::T* score, const typename IO::T* kv,
+                                            const float* ape, long long sbase, long long ss,
+                                            long long kbase, long long ks, int col, bool use_prev,
+                                            float (&prev_s)[NPREV][VEC],
                                             float (&prev_kv)[NPREV][VEC],
                                             float (&own_s)[RATIO][VEC],
                                             float (&own_kv)[RATIO][VEC]) {
+  using E = typename IO::E;
   constexpr int W = COFF * HEAD_DIM;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;
   if (use_prev) {
 #pragma unroll
     for (int k = 0; k < NPREV; ++k) {
       float sc[VEC], ap[VEC];
-      load_bf16<VEC>(score + base - (RATIO - k) * W, sc);
-      load_bf16<VEC>(kv + base - (RATIO - k) * W, prev_kv[k]);
+      load_vec<E, VEC>(score + sbase - (RATIO - k) * ss, sc);
+      load_vec<E, VEC>(kv + kbase - (RATIO - k) * ks, prev_kv[k]);
       load_f32<VEC>(ape + col + k * W, ap);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) prev_s[k][v] = __fadd_rn(sc[v], ap[v]);
@@ -33,20 +36,46 @@ __device__ __forceinline__ void load_window(const csa_u16* score, const csa_u16*
 #pragma unroll
   for (int k = 0; k < RATIO; ++k) {
     float sc[VEC], ap[VEC];
-    load_bf16<VEC>(score + base + k * W + OWN, sc);
-    load_bf16<VEC>(kv + base + k * W + OWN, own_kv[k]);
+    load_vec<E, VEC>(score + sbase + k * ss + OWN, sc);
+    load_vec<E, VEC>(kv + kbase + k * ks + OWN, own_kv[k]);
     load_f32<VEC>(ape + col + k * W + OWN, ap);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) own_s[k][v] = __fadd_rn(sc[v], ap[v]);
   }
 }
 
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS>
+// The window of one (row, VEC columns) at the guessed place (Layout::guess); every thread
+// prefetches its own sectors (a prefetch brings the 32-byte sectors its address touches).
+template <class IO, int RATIO, int COFF, int HEAD_DIM, class P>
+__device__ __forceinline__ void prefetch_row_window(const P& p, int row, int col) {
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  constexpr int OWN = (COFF - 1) * HEAD_DIM;
+  const RowWindow w = L::guess(p, row);
+  if (w.padding) return;
+  const TokenRows sr = L::rows(p, p.score_stride);
+  const TokenRows kr = L::rows(p, p.kv_stride);
+  const typename IO::T* const score = IO::in(p.score) + sr.at(w.t0) + col;
+  const typename IO::T* const kv = IO::in(p.kv) + kr.at(w.t0) + col;
+#pragma unroll
+  for (int k = 0; k < RATIO; ++k) {
+    prefetch_l2(score + sr.steps(k) + OWN);
+    prefetch_l2(kv + kr.steps(k) + OWN);
+  }
+  if (COFF == 2 && !w.first) {
+#pragma unroll
+    for (int k = 0; k < RATIO; ++k) {
+      prefetch_l2(score - sr.steps(RATIO - k));
+      prefetch_l2(kv - kr.steps(RATIO - k));
+    }
+  }
+}
+
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS>
 __global__ void __launch_bounds__(THREADS)
     short_window_forward(const __grid_constant__ ForwardParams p) {
   static_assert(COFF == 1 || COFF == 2, "coff");
   static_assert(HEAD_DIM % VEC == 0, "VEC must divide head_dim");
-  constexpr int W = COFF * HEAD_DIM;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int NPREV = COFF == 2 ? RATIO : 1;
 
@@ -59,18 +88,18 @@ __global__ void __launch_bounds__(THREADS)
   // tail. Only the wide kernel (256 threads) with 8-slot windows at head_dim 128 measured
   // slower with it, before or after the wait, so such kernels do not prefetch.
   constexpr bool PREFETCH = !(THREADS >= 256 && COFF * RATIO >= 8 && HEAD_DIM < 256);
-  if (PREFETCH && has_row)
-    prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
+  if (PREFETCH && has_row) prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, row, col);
   pdl_enter();
   if (!has_row) return;
-  const RowWindow w =
-      locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+  const RowWindow w = L::locate(p, row);
   const bool use_prev = COFF == 2 && !w.first;
-  const long long base = static_cast<long long>(w.t0) * W + col;
+  const TokenRows sr = L::rows(p, p.score_stride);
+  const TokenRows kr = L::rows(p, p.kv_stride);
   float prev_s[NPREV][VEC], prev_kv[NPREV][VEC];
   float own_s[RATIO][VEC], own_kv[RATIO][VEC];
-  load_window<RATIO, COFF, HEAD_DIM, VEC, NPREV>(p.score, p.kv, p.ape, base, col, use_prev, prev_s,
-                                                 prev_kv, own_s, own_kv);
+  load_window<IO, RATIO, COFF, HEAD_DIM, VEC, NPREV>(
+      IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + col, sr.step, kr.at(w.t0) + col, kr.step,
+      col, use_prev, prev_s, prev_kv, own_s, own_kv);
   softmax_weights<NPREV, RATIO, VEC>(prev_s, own_s, use_prev);
 
   float acc[VEC];
@@ -87,22 +116,25 @@ __global__ void __launch_bounds__(THREADS)
   for (int k = 0; k < RATIO; ++k)
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(own_kv[k][v], own_s[k][v]));
-  store_bf16<VEC>(p.out + row * HEAD_DIM + col, acc);
+  IO::Store::template store<typename IO::E, VEC>(
+      IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col, row, col, acc);
 }
 
-// Writes exact zeros to one never-consumed token's columns owned by this thread.
-template <int COFF, int HEAD_DIM, int VEC>
-__device__ __forceinline__ void zero_token(const BackwardParams& p, int token, int col,
-                                           bool both_halves) {
-  constexpr int W = COFF * HEAD_DIM;
+// Writes exact zeros to the columns this thread owns of one never-consumed token: the layout's
+// row `token_row`, both halves.
+template <class IO, int COFF, int HEAD_DIM, int VEC>
+__device__ __forceinline__ void zero_token(const BackwardParams& p, const TokenRows& gk,
+                                           const TokenRows& gs, long long token_row, int col) {
+  using E = typename IO::E;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;
-  const int base = token * W;
-  if (COFF == 2 && both_halves) {
-    store_zero<VEC>(p.grad_kv + base + col);
-    store_zero<VEC>(p.grad_score + base + col);
+  typename IO::T* const kv = IO::out(p.grad_kv) + token_row * gk.stride + col;
+  typename IO::T* const sc = IO::out(p.grad_score) + token_row * gs.stride + col;
+  if (COFF == 2) {
+    store_zero_vec<E, VEC>(kv);
+    store_zero_vec<E, VEC>(sc);
   }
-  store_zero<VEC>(p.grad_kv + base + OWN + col);
-  store_zero<VEC>(p.grad_score + base + OWN + col);
+  store_zero_vec<E, VEC>(kv + OWN);
+  store_zero_vec<E, VEC>(sc + OWN);
 }
 
 // The per-slot gradient of one window, in the reference op order:
@@ -144,10 +176,12 @@ __device__ __forceinline__ void zero_grad_ape_block(const BackwardParams& p, int
   }
 }
 
-template <int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
 __global__ void __launch_bounds__(TX* TY)
     short_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter(/*dependents_first=*/true);  // one wave: see backward_grid()
+  using E = typename IO::E;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   constexpr int W = COFF * HEAD_DIM;
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;
@@ -159,8 +193,14 @@ __global__ void __launch_bounds__(TX* TY)
   const bool active = cv < NCV;
   const int col = cv * VEC;
   // Loaded up front: its round trip overlaps the rows' instead of adding one at the end.
-  const int used =
-      p.num_segments > 0 ? clamp_i32(__ldg(p.cu_seqlens + p.num_segments), 0, p.total_tokens) : 0;
+  const int used = L::used_tokens(p);
+  const TokenRows sr = L::rows(p, p.score_stride);
+  const TokenRows kr = L::rows(p, p.kv_stride);
+  const TokenRows gs_rows = L::rows(p, p.grad_score_stride);
+  const TokenRows gk_rows = L::rows(p, p.grad_kv_stride);
+  const long long gout_stride = L::out_stride(p, p.grad_out_stride);
+  typename IO::T* const grad_kv = IO::out(p.grad_kv);
+  typename IO::T* const grad_score = IO::out(p.grad_score);
   constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
   constexpr int ROW_FLOATS = TX * VEC;  // one slot's columns in this CTA
   // Atomic mode with claim words: the arrival and, in the CTA that claims the block, its
@@ -196,18 +236,19 @@ __global__ void __launch_bounds__(TX* TY)
       // needs no offsets, go out first (every thread its own sectors: faster than one thread
       // per 128-byte line). Before the programmatic wait, as the forward does, it measured
       // slower here.
-      prefetch_row_window<RATIO, COFF, HEAD_DIM>(p.score, p.kv, row, col, p.total_tokens);
+      prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, row, col);
       float g[VEC];
-      load_bf16<VEC>(p.grad_out + row * HEAD_DIM + col, g);
-      const RowWindow w =
-          locate_row<RATIO>(p.cu_seqlens, p.cu_seqlens_comp, p.num_segments, p.total_tokens, row);
+      load_vec<E, VEC>(IO::in(p.grad_out) + row * gout_stride + col, g);
+      const RowWindow w = L::locate(p, row);
       if (w.padding) continue;
       const bool use_prev = COFF == 2 && !w.first;
-      const long long base = static_cast<long long>(w.t0) * W + col;
       float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
       float own_e[RATIO][VEC], own_kv[RATIO][VEC];
-      load_window<RATIO, COFF, HEAD_DIM, VEC, NPREV>(p.score, p.kv, p.ape, base, col, use_prev,
-                                                     prev_e, prev_kv, own_e, own_kv);
+      load_window<IO, RATIO, COFF, HEAD_DIM, VEC, NPREV>(
+          IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + col, sr.step, kr.at(w.t0) + col,
+          kr.step, col, use_prev, prev_e, prev_kv, own_e, own_kv);
+      const long long gkb = gk_rows.at(w.t0) + col;
+      const long long gsb = gs_rows.at(w.t0) + col;
       // p_k replaces s_k in place.
       softmax_weights<NPREV, RATIO, VEC>(prev_e, own_e, use_prev);
 
@@ -222,18 +263,16 @@ __global__ void __launch_bounds__(TX* TY)
         for (int k = 0; k < NPREV; ++k) {
           float gkv[VEC], gs[VEC];
           slot_gradients<VEC>(g, prev_kv[k], prev_e[k], S, gkv, gs, dape_prev[k]);
-          const long long off = base - (RATIO - k) * W;
-          store_bf16<VEC>(p.grad_kv + off, gkv);
-          store_bf16<VEC>(p.grad_score + off, gs);
+          store_vec<E, VEC>(grad_kv + gkb - gk_rows.steps(RATIO - k), gkv);
+          store_vec<E, VEC>(grad_score + gsb - gs_rows.steps(RATIO - k), gs);
         }
       }
 #pragma unroll
       for (int k = 0; k < RATIO; ++k) {
         float gkv[VEC], gs[VEC];
         slot_gradients<VEC>(g, own_kv[k], own_e[k], S, gkv, gs, dape_own[k]);
-        const long long off = base + k * W + OWN;
-        store_bf16<VEC>(p.grad_kv + off, gkv);
-        store_bf16<VEC>(p.grad_score + off, gs);
+        store_vec<E, VEC>(grad_kv + gkb + gk_rows.steps(k) + OWN, gkv);
+        store_vec<E, VEC>(grad_score + gsb + gs_rows.steps(k) + OWN, gs);
       }
       if (w.last) {
         // The segment's last block: its own tokens' first-half columns are never consumed
@@ -241,30 +280,33 @@ __global__ void __launch_bounds__(TX* TY)
         if (COFF == 2) {
 #pragma unroll
           for (int k = 0; k < RATIO; ++k) {
-            store_zero<VEC>(p.grad_kv + base + k * W);
-            store_zero<VEC>(p.grad_score + base + k * W);
+            store_zero_vec<E, VEC>(grad_kv + gkb + gk_rows.steps(k));
+            store_zero_vec<E, VEC>(grad_score + gsb + gs_rows.steps(k));
           }
         }
-        const int tail_end = min(w.seg_end, w.t0 + 2 * RATIO - 1);
-        for (int t = w.t0 + RATIO; t < tail_end; ++t)
-          zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
+        const int step = L::token_step(p);
+        for (int t = 0; t < w.tail; ++t)
+          zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows,
+                                              w.t0 + static_cast<long long>(RATIO + t) * step, col);
       }
     }
 
     // Zero-writes not owned by any row: segments shorter than ratio and the token capacity
     // past cu[B], spread over the row groups.
     const int groups = gridDim.y;
-    for (int s = blockIdx.y; s < p.num_segments; s += groups) {
-      if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
-      const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
-      const int t_end =
-          clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin, min(p.total_tokens, t_begin + RATIO - 1));
-      for (int t = t_begin + ty; t < t_end; t += TY)
-        zero_token<COFF, HEAD_DIM, VEC>(p, t, col, true);
+    if constexpr (L::kOffsets) {
+      for (int s = blockIdx.y; s < p.num_segments; s += groups) {
+        if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
+        const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
+        const int t_end = clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin,
+                                    min(p.total_tokens, t_begin + RATIO - 1));
+        for (int t = t_begin + ty; t < t_end; t += TY)
+          zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, col);
+      }
     }
     for (long long t = used + static_cast<long long>(blockIdx.y) * TY + ty; t < p.total_tokens;
          t += static_cast<long long>(groups) * TY)
-      zero_token<COFF, HEAD_DIM, VEC>(p, static_cast<int>(t), col, true);
+      zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, col);
   }
 
   // grad_ape: every thread parks its partials in shared memory; then each thread folds a few

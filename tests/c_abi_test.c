@@ -45,6 +45,94 @@ int main(void) {
   rc = csa_prewarm(4, 8, 7, 0);
   CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
 
+  /* The versioned arguments struct: its size names the version; anything else is rejected
+   * before a field is read. */
+  {
+    csa_compressor_args a;
+    memset(&a, 0, sizeof a);
+    CHECK(sizeof a == CSA_COMPRESSOR_ARGS_SIZE_V1);
+    a.struct_size = sizeof a;
+    a.ratio = 4;
+    a.head_dim = 8;
+    a.coff = 2;
+    a.dtype = CSA_DTYPE_FP16;
+    a.layout = CSA_LAYOUT_THD;
+    a.kv = data;
+    a.score = data;
+    a.ape = ape;
+    a.cu_seqlens = cu;
+    a.cu_seqlens_comp = cuc;
+    a.total_tokens = 16;
+    a.num_segments = 1;
+    a.total_comp = 0; /* nothing to write: no GPU needed */
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_OK);
+
+    a.struct_size = 0;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "struct_size is 0") != NULL);
+    a.struct_size = sizeof a - 8; /* an older, smaller struct this library does not know */
+    rc = csa_compressor_backward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "struct_size") != NULL);
+    a.struct_size = sizeof a + 8; /* a newer one */
+    rc = csa_prewarm_ex(&a, 0);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "struct_size") != NULL);
+    rc = csa_compressor_forward_ex(NULL, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "args is null") != NULL);
+
+    a.struct_size = sizeof a;
+    a.reserved = 1;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "reserved") != NULL);
+    a.reserved = 0;
+
+    a.kv_stride = 12; /* below the width 16 */
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "kv_stride") != NULL);
+    a.kv_stride = 20; /* fp16 rows of head_dim 8 are read 16 bytes at a time */
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "multiple of 8") != NULL);
+    a.kv_stride = 32;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_OK);
+
+    a.dtype = 7;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "dtype") != NULL);
+    a.dtype = CSA_DTYPE_BF16;
+
+    a.layout = CSA_LAYOUT_SBHD; /* offsets are THD's */
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "cu_seqlens") != NULL);
+    a.cu_seqlens = NULL;
+    a.cu_seqlens_comp = NULL;
+    a.num_segments = 0;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "batch") != NULL);
+    a.num_segments = 2; /* S = 8, B = 2: 16 rows in, (8 / 4) * 2 = 4 rows out */
+    a.seq_len = 8;
+    a.total_comp = 3;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "total_comp is 3") != NULL);
+
+    a.flags = CSA_DETERMINISTIC;
+    a.total_comp = 4;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "flags") != NULL);
+  }
+
   /* The state as JSON, with or without a driver. */
   {
     const char* info = csa_info_json();

@@ -41,29 +41,28 @@ std::vector<Config> shipped_configs() {
   return out;
 }
 
-TEST(NvrtcCompile, EveryShippedConfigurationWithoutLocalMemory) {
+// Compiles every job for its arch in parallel; each must report its resources, no warnings,
+// no spills and no stack frame.
+void compile_without_local_memory(const std::vector<std::pair<Config, std::string>>& jobs) {
   RuntimeOptions o;
   o.disk_cache = false;
   Runtime rt(o);
-  struct Job {
-    Config config;
-    std::string arch;
-  };
-  std::vector<Job> jobs;
-  for (const char* arch : {"sm_80", "sm_90", "sm_100"})
-    for (const auto& c : shipped_configs()) jobs.push_back({c, arch});
   std::atomic<std::size_t> next{0};
   std::mutex mutex;
   std::vector<std::string> failures;
   int max_registers = 0;
+  int modules = 0;
   auto worker = [&] {
     for (std::size_t i = next++; i < jobs.size(); i = next++) {
-      const auto& j = jobs[i];
-      const std::string what = fmt::format("{} ratio={} coff={} head_dim={}", j.arch,
-                                           j.config.ratio, j.config.coff, j.config.head_dim);
+      const auto& [config, arch] = jobs[i];
+      const std::string what =
+          fmt::format("{} ratio={} coff={} head_dim={} {} {}{}", arch, config.ratio, config.coff,
+                      config.head_dim, dtype_name(config.dtype), layout_name(config.layout),
+                      config.strided ? " strided" : "");
       try {
-        const PrewarmReport r = rt.compile_for_arch(j.config, j.arch);
+        const PrewarmReport r = rt.compile_for_arch(config, arch);
         std::lock_guard<std::mutex> lock(mutex);
+        modules += config.strided ? 2 : 1;
         max_registers = std::max(max_registers, r.max_registers);
         if (r.max_registers <= 0) failures.push_back(what + ": no ptxas report");
         if (r.ptxas_log.find("warning") != std::string::npos)
@@ -83,7 +82,42 @@ TEST(NvrtcCompile, EveryShippedConfigurationWithoutLocalMemory) {
   for (unsigned t = 0; t < n; ++t) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
   for (const auto& f : failures) ADD_FAILURE() << f;
-  std::printf("compiled %zu modules, max %d registers per thread\n", jobs.size(), max_registers);
+  std::printf("compiled %d modules, max %d registers per thread\n", modules, max_registers);
+}
+
+TEST(NvrtcCompile, EveryShippedConfigurationWithoutLocalMemory) {
+  std::vector<std::pair<Config, std::string>> jobs;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"})
+    for (const auto& c : shipped_configs()) jobs.emplace_back(c, arch);
+  compile_without_local_memory(jobs);
+}
+
+// Every kernel template under every I/O policy: each family (short-window, long-window at the
+// crossover and at 128, the narrowest and widest head_dims) in fp16 and fp32 THD packed, and
+// every type THD strided and SBHD (bf16 THD packed is the test above).
+TEST(NvrtcCompile, EveryElementTypeAndLayoutWithoutLocalMemory) {
+  std::vector<Config> shapes;
+  for (int ratio : {2, 16, 128})
+    for (int coff : {1, 2})
+      for (int d : {65, 512}) shapes.push_back({ratio, d, coff});
+  shapes.push_back({4, 4096, 2});
+  shapes.push_back({256, 7, 2});
+  shapes.push_back({17, 128, 1});
+  std::vector<std::pair<Config, std::string>> jobs;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
+    for (Config c : shapes) {
+      for (DType t : {DType::kBf16, DType::kF16, DType::kF32}) {
+        c.dtype = t;
+        c.layout = Layout::kThd;
+        c.strided = true;  // packed and strided THD (bf16 packed compiled again: one module)
+        jobs.emplace_back(c, arch);
+        c.layout = Layout::kSbhd;
+        c.strided = false;
+        jobs.emplace_back(c, arch);
+      }
+    }
+  }
+  compile_without_local_memory(jobs);
 }
 
 // Every schedule `csa tune` measures on an sm_90 device (as the loader fits it) compiles with no

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "csa_params.h"
 #include "cache_test_util.hpp"
 #include "fake_driver.hpp"
 #include "schedule/short_window.hpp"
@@ -157,7 +158,7 @@ TEST_F(FakeDriver, PlanPreparesOnceAndLaunchesUnderCapture) {
   FakeRuntime rt;
   for (const Config& c : {kShort, kLong}) {
     SetUp();
-    auto record = rt.service.record(c, Family::kAuto, 0);
+    auto record = rt.service.record(c, csa_kernel::kLayoutThdPacked, Family::kAuto, 0);
     EXPECT_EQ(state().library_loads, 1);
     const int queries = state().attribute_queries;
     state().capturing = true;
@@ -220,7 +221,7 @@ TEST_F(FakeDriver, TwoDevicesKeepSeparateRecords) {
   EXPECT_NE(grid[0][0] * grid[0][1], grid[1][0] * grid[1][1])
       << "the backward grid is one wave of each device";
   const int launches = state().launches;
-  auto record0 = rt.service.record(kShort, Family::kAuto, 0);
+  auto record0 = rt.service.record(kShort, csa_kernel::kLayoutThdPacked, Family::kAuto, 0);
   state().current_device = 1;
   try {
     rt.service.forward_with(*record0, forward_args(kShort), kStream);

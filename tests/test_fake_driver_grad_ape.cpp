@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "csa_params.h"
 #include "fake_driver.hpp"
 #include "schedule/short_window.hpp"
 #include "schedule/table.hpp"
@@ -149,7 +150,7 @@ TEST_F(FakeDriver, PrewarmSetsAsideClaimWordsForCapturedCalls) {
   }
   SetUp();
   FakeRuntime rt;
-  const auto plan = rt.service.record(wide, Family::kAuto, 0);
+  const auto plan = rt.service.record(wide, csa_kernel::kLayoutThdPacked, Family::kAuto, 0);
   EXPECT_EQ(state().slab_allocations, 1);
   state().capturing = true;
   rt.service.backward_with(*plan, backward_args(wide), kStream);

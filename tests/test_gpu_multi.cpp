@@ -5,6 +5,7 @@
 #include <atomic>
 #include <thread>
 
+#include "csa_params.h"
 #include "api/runtime_impl.hpp"
 #include "gpu_fixture.hpp"
 
@@ -132,8 +133,8 @@ TEST_F(MultiGpu, PlansAndGraphsOnEachDeviceReplayTheOneGpuResults) {
 TEST_F(MultiGpu, EachDeviceHasItsOwnRecordsAndAPlanIsBoundToItsDevice) {
   auto& service = RuntimeAccess::of(*g_runtime).service;
   for (const Config& c : kConfigs) {
-    const auto on0 = service.record(c, Family::kAuto, 0);
-    const auto on1 = service.record(c, Family::kAuto, 1);
+    const auto on0 = service.record(c, csa_kernel::kLayoutThdPacked, Family::kAuto, 0);
+    const auto on1 = service.record(c, csa_kernel::kLayoutThdPacked, Family::kAuto, 1);
     EXPECT_NE(on0.get(), on1.get());
     EXPECT_EQ(on0->device.ordinal, 0);
     EXPECT_EQ(on1->device.ordinal, 1);

@@ -126,6 +126,7 @@ TEST(ShortWindowSchedule, SelectionSaysHowGradApeIsSummed) {
 
 // The JSON schedule table: embedded tables, every rejection, bucket boundaries, launch-only
 // fields outside the cache key.
+#include "csa_params.h"
 #include "compressor/kernel_spec.hpp"
 #include "schedule/table.hpp"
 
@@ -282,9 +283,9 @@ TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {
     auto set = schedule::ScheduleSet::embedded();
     set.add(schedule::parse_schedule_table(table_text(first + ", " + tail), "t.json"));
     const Config c{128, 512, 2};
-    return compressor::make_long_window_spec(c, set.kernels(c, Direction::kForward, "sm_90"),
-                                             set.kernels(c, Direction::kBackward, "sm_90"), "sm_90",
-                                             {}, nullptr)
+    return compressor::make_long_window_spec(
+               c, csa_kernel::kLayoutThdPacked, set.kernels(c, Direction::kForward, "sm_90"),
+               set.kernels(c, Direction::kBackward, "sm_90"), "sm_90", {}, nullptr)
         .key.hash;
   };
   EXPECT_EQ(key_of(b1), key_of(b2));

@@ -108,6 +108,107 @@ class Validation : public ::testing::Test {
 
 constexpr auto kBad = Status::kInvalidArgument;
 
+TEST_F(Validation, ElementTypeAndLayoutMustBeKnown) {
+  forward_rejected([](auto& a) { a.config.dtype = static_cast<DType>(3); }, kBad, "dtype is 3");
+  backward_rejected([](auto& a) { a.config.dtype = static_cast<DType>(-1); }, kBad, "dtype");
+  forward_rejected([](auto& a) { a.config.layout = static_cast<Layout>(2); }, kBad, "layout is 2");
+  forward_rejected([](auto& a) { a.seq_len = 64; }, kBad, "seq_len is 64 but the layout is THD");
+}
+
+TEST_F(Validation, RowStridesKeepWidthAlignmentAndInt32Offsets) {
+  // Width 32 (coff 2, head_dim 16): bf16 rows are read 16 bytes (8 elements) at a time.
+  forward_rejected([](auto& a) { a.kv_stride = 31; }, kBad, "kv_stride is 31");
+  forward_rejected([](auto& a) { a.score_stride = -32; }, kBad, "score_stride");
+  forward_rejected([](auto& a) { a.kv_stride = 36; }, kBad, "multiple of 8");
+  forward_rejected([](auto& a) { a.out_stride = 8; }, kBad, "out_stride is 8");
+  forward_rejected([](auto& a) { a.out_stride = 20; }, kBad, "multiple of 8");
+  backward_rejected([](auto& a) { a.grad_out_stride = 12; }, kBad, "grad_out_stride");
+  backward_rejected([](auto& a) { a.grad_kv_stride = 40 + 4; }, kBad, "grad_kv_stride");
+  backward_rejected([](auto& a) { a.grad_score_stride = 16; }, kBad, "grad_score_stride");
+  // fp32 rows: 4 elements per 16 bytes.
+  forward_rejected(
+      [](auto& a) {
+        a.config.dtype = DType::kF32;
+        a.kv_stride = 34;
+      },
+      kBad, "multiple of 4");
+  // An odd head_dim is read one element at a time: any stride >= the width keeps alignment.
+  // The last strided row must end below 2^31 elements.
+  forward_rejected([](auto& a) { a.kv_stride = std::int64_t{1} << 26; }, kBad,
+                   "overflows int32 offsets");
+}
+
+TEST_F(Validation, SbhdSizesFollowFromSeqLenAndBatch) {
+  auto sbhd = [](auto& a) {
+    a.config.layout = Layout::kSbhd;
+    a.cu_seqlens = nullptr;
+    a.cu_seqlens_comp = nullptr;
+    a.seq_len = 32;
+    a.num_segments = 2;  // B
+    a.total_tokens = 64;
+    a.total_comp = 16;  // (32 / 4) * 2
+  };
+  forward_rejected(
+      [&](auto& a) {
+        sbhd(a);
+        a.num_segments = 0;
+        a.total_tokens = 0;
+        a.total_comp = 0;
+      },
+      kBad, "batch B) is 0");
+  forward_rejected(
+      [&](auto& a) {
+        sbhd(a);
+        a.cu_seqlens = b_.cu;
+      },
+      kBad, "cu_seqlens is set but the layout is SBHD");
+  backward_rejected(
+      [&](auto& a) {
+        sbhd(a);
+        a.cu_seqlens_comp = b_.cuc;
+      },
+      kBad, "cu_seqlens_comp is set");
+  forward_rejected(
+      [&](auto& a) {
+        sbhd(a);
+        a.total_tokens = 65;
+      },
+      kBad, "total_tokens is 65 but SBHD");
+  backward_rejected(
+      [&](auto& a) {
+        sbhd(a);
+        a.total_comp = 17;
+      },
+      kBad, "total_comp is 17 but SBHD");
+  forward_rejected(
+      [&](auto& a) {
+        sbhd(a);
+        a.seq_len = -1;
+      },
+      kBad, "seq_len");
+  forward_rejected(
+      [&](auto& a) {
+        sbhd(a);
+        a.kv_stride = 33;
+      },
+      kBad, "kv_stride");
+}
+
+TEST_F(Validation, StridedAndSbhdBuffersNeedNoGpuWhenEmpty) {
+  // Nothing to pool: accepted on the host with nothing launched (no GPU here).
+  ForwardArgs a = forward_args();
+  a.config.layout = Layout::kSbhd;
+  a.cu_seqlens = nullptr;
+  a.cu_seqlens_comp = nullptr;
+  a.seq_len = 3;  // < ratio: no rows
+  a.num_segments = 2;
+  a.total_tokens = 6;
+  a.total_comp = 0;
+  a.kv_stride = 64;
+  EXPECT_NO_THROW(runtime_.forward(a, nullptr));
+  EXPECT_TRUE(b_.untouched());
+}
+
 TEST_F(Validation, ConfigurationEnvelope) {
   forward_rejected([](auto& a) { a.config.ratio = 0; }, kBad, "ratio");
   forward_rejected([](auto& a) { a.config.ratio = 257; }, kBad, "ratio");

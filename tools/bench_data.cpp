@@ -63,14 +63,14 @@ HostInputs make_inputs(const Config& c, const Pack& pack, std::uint64_t seed) {
   return in;
 }
 
-std::int64_t forward_bytes(const HostInputs& in) {
+std::int64_t forward_bytes(const HostInputs& in, int element_bytes) {
   const std::int64_t width = static_cast<std::int64_t>(in.config.coff) * in.config.head_dim;
-  return 2 * (2 * in.total_tokens * width + in.total_comp * in.config.head_dim);
+  return element_bytes * (2 * in.total_tokens * width + in.total_comp * in.config.head_dim);
 }
 
-std::int64_t backward_bytes(const HostInputs& in) {
+std::int64_t backward_bytes(const HostInputs& in, int element_bytes) {
   const std::int64_t width = static_cast<std::int64_t>(in.config.coff) * in.config.head_dim;
-  return 2 * (4 * in.total_tokens * width + in.total_comp * in.config.head_dim);
+  return element_bytes * (4 * in.total_tokens * width + in.total_comp * in.config.head_dim);
 }
 
 DeviceInputs::DeviceInputs(HostInputs host)

@@ -43,9 +43,10 @@ struct DeviceInputs {
   device::Buffer cu, cuc, ape, kv, score, grad_out, out, grad_kv, grad_score, grad_ape;
 };
 
-// Bytes the operation must move: each input read once, each output written once.
-std::int64_t forward_bytes(const HostInputs& in);
-std::int64_t backward_bytes(const HostInputs& in);
+// Bytes the operation must move: each input read once, each output written once, elements of
+// `element_bytes` (ape and grad_ape, which stay in L2, are not counted).
+std::int64_t forward_bytes(const HostInputs& in, int element_bytes = 2);
+std::int64_t backward_bytes(const HostInputs& in, int element_bytes = 2);
 
 // Input sets to rotate so that back-to-back calls moving `bytes_per_call` each cycle through at
 // least three times the L2 (every call then reads from DRAM): 2..256.

@@ -1,3 +1,5 @@
+#include <map>
+
 #include "cli_common.hpp"
 
 #include <fmt/format.h>
@@ -17,6 +19,20 @@ void add_config_options(CLI::App* cmd, Config& config) {
   cmd->add_option("--head-dim", config.head_dim, "columns of an output row")
       ->required()
       ->check(CLI::Range(1, 4096));
+}
+
+void add_io_options(CLI::App* cmd, DType& dtype, Layout& layout) {
+  const std::map<std::string, DType> dtypes = {
+      {"bf16", DType::kBf16}, {"fp16", DType::kF16}, {"fp32", DType::kF32}};
+  const std::map<std::string, Layout> layouts = {{"thd", Layout::kThd}, {"sbhd", Layout::kSbhd}};
+  cmd->add_option("--dtype", dtype,
+                  "element type of kv, score, out and their gradients: bf16, fp16 or fp32 "
+                  "(default: bf16)")
+      ->transform(CLI::CheckedTransformer(dtypes));
+  cmd->add_option("--layout", layout,
+                  "thd (packed sequences with offsets) or sbhd ((S, B, width), every batch column "
+                  "one sequence) (default: thd)")
+      ->transform(CLI::CheckedTransformer(layouts));
 }
 
 void add_direction_option(CLI::App* cmd, std::vector<std::string>& directions,
@@ -68,7 +84,11 @@ void print_json(const nlohmann::json& j) {
 }
 
 nlohmann::json to_json(const Config& c) {
-  return {{"ratio", c.ratio}, {"coff", c.coff}, {"head_dim", c.head_dim}};
+  return {{"ratio", c.ratio},
+          {"coff", c.coff},
+          {"head_dim", c.head_dim},
+          {"dtype", dtype_name(c.dtype)},
+          {"layout", layout_name(c.layout)}};
 }
 
 nlohmann::json to_json(const PrewarmReport& r) {

@@ -15,6 +15,9 @@ namespace csa::tools {
 // --ratio, --coff, --head-dim, each required and range-checked.
 void add_config_options(CLI::App* cmd, Config& config);
 
+// --dtype bf16|fp16|fp32 and --layout thd|sbhd (default: bf16, thd).
+void add_io_options(CLI::App* cmd, DType& dtype, Layout& layout);
+
 // The directions: "fwd", "bwd" and, where offered, "bwd-det" (the deterministic backward).
 inline const std::vector<std::string> kDirections = {"fwd", "bwd"};
 inline const std::vector<std::string> kBenchDirections = {"fwd", "bwd", "bwd-det"};

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_data.hpp"
+#include "layout_data.hpp"
 #include "timing.hpp"
 #include "commands.hpp"
 #include "csa/testing/device.hpp"
@@ -32,6 +33,9 @@ struct BenchOptions {
   bool json = false;
   bool jit = true;
   std::vector<std::string> directions;  // empty: fwd, bwd and bwd-det
+  DType dtype = DType::kBf16;
+  Layout layout = Layout::kThd;
+  std::int64_t stride = 0;  // rows of kv, score, grad_kv, grad_score this many elements apart
 };
 
 struct DeviceSet {
@@ -107,16 +111,56 @@ double copy_bandwidth(Stream stream, int reps) {
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);  // bytes read + written per second
 }
 
+// The shape's tensors as the call takes them: `o.dtype` elements, SBHD rows (one pack segment
+// per batch column; every segment must have the same length), kv/score/grad rows `o.stride`
+// elements apart.
+struct Laid {
+  std::vector<std::uint8_t> kv, score, grad_out;
+  std::int64_t token_stride = 0;  // elements
+  std::int64_t seq_len = 0;       // SBHD: S
+};
+
+Laid lay_out(const HostInputs& in, const Shape& shape, const BenchOptions& o) {
+  const Config& c = shape.config;
+  const int bytes = element_size(o.dtype);
+  const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
+  Laid l;
+  l.kv = encode(in.kv, o.dtype);
+  l.score = encode(in.score, o.dtype);
+  l.grad_out = encode(in.grad_out, o.dtype);
+  if (o.layout == Layout::kSbhd) {
+    const auto& lens = shape.pack.seqlens;
+    if (std::adjacent_find(lens.begin(), lens.end(), std::not_equal_to<>()) != lens.end())
+      throw CLI::ValidationError("--layout", "sbhd needs a pack of equal lengths (NxLEN)");
+    const auto batch = static_cast<std::int64_t>(lens.size());
+    l.seq_len = lens.front();
+    l.kv = to_sbhd(l.kv, l.seq_len, batch, width, bytes);
+    l.score = to_sbhd(l.score, l.seq_len, batch, width, bytes);
+    l.grad_out = to_sbhd(l.grad_out, l.seq_len / c.ratio, batch, c.head_dim, bytes);
+  }
+  l.token_stride = o.stride == 0 ? width : o.stride;
+  if (o.stride != 0) {
+    l.kv = spread(l.kv, in.total_tokens, width, o.stride, bytes);
+    l.score = spread(l.score, in.total_tokens, width, o.stride, bytes);
+  }
+  return l;
+}
+
 nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const BenchOptions& o,
                            double bandwidth, std::int64_t l2_bytes) {
   const HostInputs in = make_inputs(shape.config, shape.pack, o.seed);
-  const Config& c = shape.config;
+  Config c = shape.config;
+  c.dtype = o.dtype;
+  c.layout = o.layout;
+  const Laid laid = lay_out(in, shape, o);
+  const bool sbhd = o.layout == Layout::kSbhd;
   const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
-  const std::size_t tok_bytes = static_cast<std::size_t>(in.total_tokens * width) * 2;
-  const std::size_t comp_bytes = static_cast<std::size_t>(in.total_comp * c.head_dim) * 2;
+  const auto esize = static_cast<std::size_t>(element_size(o.dtype));
+  const std::size_t tok_bytes = laid.kv.size();
+  const std::size_t comp_bytes = static_cast<std::size_t>(in.total_comp * c.head_dim) * esize;
   const std::size_t ape_bytes = static_cast<std::size_t>(c.ratio * width) * 4;
-  const std::int64_t fwd_bytes = forward_bytes(in);
-  const std::int64_t bwd_bytes = backward_bytes(in);
+  const std::int64_t fwd_bytes = forward_bytes(in, static_cast<int>(esize));
+  const std::int64_t bwd_bytes = backward_bytes(in, static_cast<int>(esize));
   const int sets = rotation_sets(fwd_bytes, l2_bytes);
 
   device::Buffer cu(in.cu.size() * 4), cuc(in.cuc.size() * 4), ape(ape_bytes);
@@ -128,23 +172,26 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     DeviceSet d{device::Buffer(tok_bytes),  device::Buffer(tok_bytes), device::Buffer(comp_bytes),
                 device::Buffer(comp_bytes), device::Buffer(tok_bytes), device::Buffer(tok_bytes),
                 device::Buffer(ape_bytes)};
-    d.kv.upload(in.kv.data(), tok_bytes);
-    d.score.upload(in.score.data(), tok_bytes);
-    d.grad_out.upload(in.grad_out.data(), comp_bytes);
+    d.kv.upload(laid.kv.data(), tok_bytes);
+    d.score.upload(laid.score.data(), tok_bytes);
+    d.grad_out.upload(laid.grad_out.data(), comp_bytes);
     data.push_back(std::move(d));
   }
+  const std::int64_t stride = o.stride;
   auto fwd_args = [&](int s) {
     ForwardArgs a;
     a.kv = data[s].kv.get();
     a.score = data[s].score.get();
     a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.cu_seqlens = sbhd ? nullptr : cu.as<std::int32_t>();
+    a.cu_seqlens_comp = sbhd ? nullptr : cuc.as<std::int32_t>();
     a.out = data[s].out.get();
     a.total_tokens = in.total_tokens;
     a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
     a.total_comp = in.total_comp;
     a.config = c;
+    a.seq_len = laid.seq_len;
+    a.kv_stride = a.score_stride = stride;
     return a;
   };
   auto bwd_args = [&](int s, std::uint32_t flags) {
@@ -152,8 +199,8 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     a.kv = data[s].kv.get();
     a.score = data[s].score.get();
     a.ape = ape.as<float>();
-    a.cu_seqlens = cu.as<std::int32_t>();
-    a.cu_seqlens_comp = cuc.as<std::int32_t>();
+    a.cu_seqlens = sbhd ? nullptr : cu.as<std::int32_t>();
+    a.cu_seqlens_comp = sbhd ? nullptr : cuc.as<std::int32_t>();
     a.grad_out = data[s].grad_out.get();
     a.grad_kv = data[s].grad_kv.get();
     a.grad_score = data[s].grad_score.get();
@@ -163,8 +210,13 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     a.total_comp = in.total_comp;
     a.config = c;
     a.flags = flags;
+    a.seq_len = laid.seq_len;
+    a.kv_stride = a.score_stride = a.grad_kv_stride = a.grad_score_stride = stride;
     return a;
   };
+  const std::string label =
+      fmt::format("{},pack={}{}", format_config(c), shape.pack.label,
+                  stride != 0 ? fmt::format(",stride={}", stride) : std::string());
   const int calls = std::max(sets, 32);
   nlohmann::json rows = nlohmann::json::array();
   auto measure = [&](const std::string& dir, std::int64_t bytes, double slope, double offset_us,
@@ -180,7 +232,10 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     const double host = time_host(stream, 200, [&](int i) { call(i % sets); });
     const double floor_us = 1e6 * static_cast<double>(bytes) / bandwidth;
     const double target = slope * floor_us + offset_us;
-    rows.push_back({{"shape", fmt::format("{},pack={}", format_config(c), shape.pack.label)},
+    rows.push_back({{"shape", label},
+                    {"dtype", dtype_name(c.dtype)},
+                    {"layout", layout_name(c.layout)},
+                    {"row_stride", stride},
                     {"direction", dir},
                     {"megabytes", static_cast<double>(bytes) / 1e6},
                     {"floor_us", floor_us},
@@ -252,14 +307,14 @@ void run_bench(Runtime& rt, const BenchOptions& o) {
              "kernel: CUDA-graph replay of back-to-back calls over input sets rotated past the L2 "
              "(median); L2warm: one set; stream: the same calls launched on a stream; host: wall "
              "clock of one call issued to an idle stream\n");
-  fmt::print(text, "{:<42} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n", "shape",
+  fmt::print(text, "{:<56} {:<8} {:>8} {:>9} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9} {}\n", "shape",
              "dir", "MB", "floor us", "kernel us", "ratio", "L2warm", "stream", "host us", "target",
              "ok");
   for (const auto& shape : shapes) {
     for (const auto& row : bench_shape(rt, stream.get(), shape, o, bandwidth, dev.l2_bytes)) {
       fmt::print(
           text,
-          "{:<42} {:<8} {:>8.1f} {:>9.2f} {:>10.2f} {:>7.2f} {:>9.2f} {:>9.2f} {:>8.2f} {:>9.2f} "
+          "{:<56} {:<8} {:>8.1f} {:>9.2f} {:>10.2f} {:>7.2f} {:>9.2f} {:>9.2f} {:>8.2f} {:>9.2f} "
           "{}\n",
           row["shape"].get<std::string>(), row["direction"].get<std::string>(),
           row["megabytes"].get<double>(), row["floor_us"].get<double>(),
@@ -304,6 +359,11 @@ void add_bench_command(CLI::App& app, Runtime*& runtime) {
   cmd->add_option("--save", opts->save_path, "also write the results as JSON to this file");
   cmd->add_flag("!--no-jit", opts->jit, "skip the JIT and cached-load timing");
   add_direction_option(cmd, opts->directions, kBenchDirections);
+  add_io_options(cmd, opts->dtype, opts->layout);
+  cmd->add_option("--stride", opts->stride,
+                  "rows of kv, score, grad_kv and grad_score this many elements apart, as halves "
+                  "of one fused projection's output are (default: dense)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([opts, &runtime] { run_bench(*runtime, *opts); });
 }
 

@@ -21,6 +21,9 @@ struct PrewarmOptions {
   unsigned jobs = 0;
   bool fail_on_spill = false;
   bool json = false;
+  DType dtype = DType::kBf16;
+  Layout layout = Layout::kThd;
+  bool strided = false;
 };
 
 struct Job {
@@ -94,6 +97,11 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
   std::vector<Config> configs;
   for (const auto& text : o.configs) configs.push_back(parse_config(text));
   if (configs.empty()) configs = default_configs();
+  for (auto& c : configs) {
+    c.dtype = o.dtype;
+    c.layout = o.layout;
+    c.strided = o.strided;
+  }
   std::vector<Job> jobs;
   if (o.archs.empty()) {
     const DriverInfo d = runtime.driver_info();
@@ -157,19 +165,19 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
   if (o.json) {
     print_json({{"reports", out}, {"cache", nlohmann::json::parse(runtime.info_json())["cache"]}});
   } else {
-    fmt::print("{:<32} {:<8} {:<9} {:>8} {:>5} {:>6} {:>6}  {}\n", "config", "arch", "source",
+    fmt::print("{:<40} {:<8} {:<9} {:>8} {:>5} {:>6} {:>6}  {}\n", "config", "arch", "source",
                "seconds", "regs", "spill", "stack", "served from");
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       if (!errors[i].empty()) {
-        fmt::print("{:<32} FAILED: {}\n", format_config(jobs[i].config), errors[i]);
+        fmt::print("{:<40} FAILED: {}\n", format_config(jobs[i].config), errors[i]);
         continue;
       }
       const auto& r = reports[i];
-      fmt::print("{:<32} {:<8} {:<9} {:>8.3f} {:>5} {:>6} {:>6}  {}\n", format_config(r.config),
+      fmt::print("{:<40} {:<8} {:<9} {:>8.3f} {:>5} {:>6} {:>6}  {}\n", format_config(r.config),
                  r.arch, r.compiled ? "compiled" : "cache", r.seconds, r.max_registers,
                  r.spill_bytes, r.stack_bytes, r.source);
       if (o.fail_on_spill && (r.spill_bytes != 0 || r.stack_bytes != 0))
-        fmt::print("{:<32} uses local memory (spill {} B, stack {} B)\n", format_config(r.config),
+        fmt::print("{:<40} uses local memory (spill {} B, stack {} B)\n", format_config(r.config),
                    r.spill_bytes, r.stack_bytes);
     }
     const CacheInfo c = runtime.cache_info();
@@ -199,6 +207,9 @@ void add_prewarm_command(CLI::App& app, Runtime*& runtime) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--jobs,-j", opts->jobs, "parallel compiles (default: one per core)");
+  add_io_options(cmd, opts->dtype, opts->layout);
+  cmd->add_flag("--strided", opts->strided,
+                "also the kernels of THD calls with row strides (SBHD kernels always take them)");
   cmd->add_flag("--fail-on-spill", opts->fail_on_spill,
                 "exit 1 if a kernel uses local memory (spills or a stack frame)");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of the table");

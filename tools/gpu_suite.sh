@@ -71,7 +71,7 @@ if ! want sanitizers; then
   :
 elif command -v compute-sanitizer >/dev/null; then
   compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/csa_gpu_tests" \
-    --gtest_filter='Gpu.AdversarialOffsets*:Gpu.NothingToPool*:Gpu.Misaligned*:Configs/LongWindow.EveryBucketKernelRuns/r128_c1_d512' \
+    --gtest_filter='Gpu.AdversarialOffsets*:Gpu.AdversarialStrides*:Gpu.SbhdShorter*:Gpu.NothingToPool*:Gpu.Misaligned*:Configs/LongWindow.EveryBucketKernelRuns/r128_c1_d512' \
     >"$out/memcheck.log" 2>&1
   summary+=("memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)")
   # Shared-memory hazards of the backward's cp.async ring (shipped at ratio 128, head_dim 128/512;

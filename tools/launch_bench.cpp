@@ -214,7 +214,9 @@ nlohmann::json bench_config(csa::Runtime& rt, csa::Stream stream, const csa::Con
   const csa::BackwardArgs b = prob.backward();
   auto s = reinterpret_cast<CUstream>(stream);
   const bool programmatic =
-      csa::RuntimeAccess::of(rt).service.record(c, csa::Family::kAuto, 0)->programmatic;
+      csa::RuntimeAccess::of(rt)
+          .service.record(c, csa_kernel::kLayoutThdPacked, csa::Family::kAuto, 0)
+          ->programmatic;
   RawCalls raw_forward(rt, s, programmatic, [&] { plan.forward(f, stream); });
   RawCalls raw_backward(rt, s, programmatic, [&] { plan.backward(b, stream); });
   const std::vector<Path> paths = {
@@ -382,7 +384,9 @@ int main(int argc, char** argv) try {
   csa::device::StreamHandle stream;
   fmt::print(
       "device: {} ({} SMs); programmatic dependent launch {}\n", dev.name, dev.sm_count,
-      csa::RuntimeAccess::of(rt).service.record({4, 128, 2}, csa::Family::kAuto, 0)->programmatic
+      csa::RuntimeAccess::of(rt)
+              .service.record({4, 128, 2}, csa_kernel::kLayoutThdPacked, csa::Family::kAuto, 0)
+              ->programmatic
           ? "on (the raw launches ask for it too)"
           : "off");
   fmt::print(

@@ -69,7 +69,11 @@ Config parse_config(const std::string& text, const std::string& option) {
 }
 
 std::string format_config(const Config& c) {
-  return fmt::format("ratio={},coff={},head_dim={}", c.ratio, c.coff, c.head_dim);
+  std::string text = fmt::format("ratio={},coff={},head_dim={}", c.ratio, c.coff, c.head_dim);
+  if (c.dtype != DType::kBf16) text += fmt::format(" {}", dtype_name(c.dtype));
+  if (c.layout != Layout::kThd) text += fmt::format(" {}", layout_name(c.layout));
+  if (c.strided && c.layout == Layout::kThd) text += " strided";
+  return text;
 }
 
 }  // namespace csa::tools

@@ -48,6 +48,61 @@ CSA_API int csa_prewarm(int32_t ratio, int32_t head_dim, int32_t coff, int devic
 CSA_API const char* csa_last_error(void);
 CSA_API const char* csa_version(void);
 
+/* ---- Versioned arguments (csa 0.2 and newer) -------------------------------------------------
+ * One struct for every option of a call: element type, layout, row strides, shapes, flags.
+ * Zero it, set struct_size = sizeof(csa_compressor_args), then the fields the call needs; a
+ * zero stride means dense rows and the zero value of every other option is the behaviour of the
+ * functions above. Later versions only append fields: the library tells versions apart by
+ * struct_size and rejects a size it does not know. */
+typedef enum csa_dtype { CSA_DTYPE_BF16 = 0, CSA_DTYPE_FP16 = 1, CSA_DTYPE_FP32 = 2 } csa_dtype;
+typedef enum csa_layout { CSA_LAYOUT_THD = 0, CSA_LAYOUT_SBHD = 1 } csa_layout;
+
+typedef struct csa_compressor_args {
+  uint64_t struct_size; /* sizeof(csa_compressor_args) of the caller's header */
+  int32_t ratio;
+  int32_t head_dim;
+  int32_t coff;
+  int32_t dtype;  /* csa_dtype: kv, score, out, grad_out, grad_kv, grad_score (ape: fp32) */
+  int32_t layout; /* csa_layout */
+  uint32_t flags; /* backward: CSA_ACCUMULATE_GRAD_APE | CSA_DETERMINISTIC */
+  /* THD: rows of the packed buffers and segments; SBHD: total_tokens = seq_len * num_segments
+   * (S * B), total_comp = (seq_len / ratio) * num_segments, num_segments = B, no offsets. */
+  int64_t total_tokens;
+  int64_t total_comp;
+  int64_t seq_len;
+  int32_t num_segments;
+  int32_t reserved; /* must be 0 */
+  /* Elements from one row to the next; 0: dense (coff*head_dim, or head_dim for out and
+   * grad_out). A stride keeps rows as aligned as dense rows (a multiple of the 16-byte vector
+   * or of head_dim's largest power of two, whichever is smaller). */
+  int64_t kv_stride;
+  int64_t score_stride;
+  int64_t out_stride;
+  int64_t grad_out_stride;
+  int64_t grad_kv_stride;
+  int64_t grad_score_stride;
+  const void* kv;
+  const void* score;
+  const float* ape;
+  const int32_t* cu_seqlens;      /* THD only */
+  const int32_t* cu_seqlens_comp; /* THD only */
+  void* out;                      /* forward */
+  const void* grad_out;           /* backward */
+  void* grad_kv;
+  void* grad_score;
+  float* grad_ape;
+} csa_compressor_args;
+
+/* struct_size of the first version of csa_compressor_args. */
+#define CSA_COMPRESSOR_ARGS_SIZE_V1 ((uint64_t)(8 + 6 * 4 + 3 * 8 + 2 * 4 + 6 * 8 + 10 * 8))
+
+CSA_API int csa_compressor_forward_ex(const csa_compressor_args* args, void* stream);
+CSA_API int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream);
+/* Compiles or loads every kernel of args' configuration (ratio, head_dim, coff, dtype, layout)
+ * for `device`, and with any nonzero stride field the kernels of THD calls with row strides
+ * too; the other fields are not read. */
+CSA_API int csa_prewarm_ex(const csa_compressor_args* args, int device);
+
 /* Makes `device`'s primary context (the one the CUDA runtime and frameworks use) current on the
  * calling thread, unless a context of that device already is: the calls above launch in the
  * calling thread's current context. Cheap when nothing changes. */

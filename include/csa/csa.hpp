@@ -49,11 +49,28 @@ class CSA_API Error : public std::runtime_error {
 inline constexpr std::uint32_t kAccumulateGradApe = 1u;
 inline constexpr std::uint32_t kDeterministic = 2u;
 
+// Element type of kv, score, out, grad_out, grad_kv and grad_score (ape and grad_ape are
+// fp32 in every case). Arithmetic is fp32 with one rounding per output in every type.
+enum class DType : std::int32_t { kBf16 = 0, kF16 = 1, kF32 = 2 };
+
+// Where the tokens lie. kThd: packed sequences (total_tokens, coff*head_dim) with cu_seqlens
+// offsets. kSbhd: (S, B, coff*head_dim) in, (S / ratio, B, head_dim) out, every batch column
+// one segment of S tokens (no offsets, no padding rows). Either layout takes row strides.
+enum class Layout : std::int32_t { kThd = 0, kSbhd = 1 };
+
+CSA_API const char* dtype_name(DType dtype) noexcept;     // "bf16", "fp16", "fp32"
+CSA_API const char* layout_name(Layout layout) noexcept;  // "thd", "sbhd"
+
 // The compile-time shape of one compressor.
 struct Config {
   std::int32_t ratio = 4;
   std::int32_t head_dim = 128;
   std::int32_t coff = 2;
+  DType dtype = DType::kBf16;
+  Layout layout = Layout::kThd;
+  // THD calls with row strides run kernels of their own, compiled on the first such call;
+  // `strided` has prewarm and plans prepare them too (SBHD kernels always take strides).
+  bool strided = false;
 };
 
 // Which kernels serve a call. kAuto routes by the schedule table (short-window for small
@@ -84,17 +101,26 @@ struct ScheduleChoice {
   bool grad_ape_atomic_needs_claim_words = false;
 };
 
+// Rows: kv/score/grad_kv/grad_score have total_tokens rows of coff*head_dim elements, out and
+// grad_out total_comp rows of head_dim, in config.dtype. SBHD: total_tokens = seq_len *
+// num_segments (S * B), total_comp = (seq_len / ratio) * num_segments, no offset arrays; row
+// (s, b) is row s * B + b. A row stride (elements from one row to the next) of 0 means dense
+// rows (the width); otherwise at least the width, keeping rows as aligned as dense ones.
 struct ForwardArgs {
-  const void* kv = nullptr;                       // (total_tokens, coff*head_dim) bf16
-  const void* score = nullptr;                    // (total_tokens, coff*head_dim) bf16
+  const void* kv = nullptr;                       // (total_tokens, coff*head_dim)
+  const void* score = nullptr;                    // (total_tokens, coff*head_dim)
   const float* ape = nullptr;                     // (ratio, coff*head_dim) fp32
-  const std::int32_t* cu_seqlens = nullptr;       // (num_segments + 1) int32
-  const std::int32_t* cu_seqlens_comp = nullptr;  // (num_segments + 1) int32
-  void* out = nullptr;                            // (total_comp, head_dim) bf16
+  const std::int32_t* cu_seqlens = nullptr;       // THD: (num_segments + 1) int32
+  const std::int32_t* cu_seqlens_comp = nullptr;  // THD: (num_segments + 1) int32
+  void* out = nullptr;                            // (total_comp, head_dim)
   std::int64_t total_tokens = 0;
-  std::int32_t num_segments = 0;
+  std::int32_t num_segments = 0;  // SBHD: the batch B
   std::int64_t total_comp = 0;
   Config config;
+  std::int64_t seq_len = 0;  // SBHD: S
+  std::int64_t kv_stride = 0;
+  std::int64_t score_stride = 0;
+  std::int64_t out_stride = 0;
 };
 
 struct BackwardArgs {
@@ -103,15 +129,21 @@ struct BackwardArgs {
   const float* ape = nullptr;
   const std::int32_t* cu_seqlens = nullptr;
   const std::int32_t* cu_seqlens_comp = nullptr;
-  const void* grad_out = nullptr;  // (total_comp, head_dim) bf16
-  void* grad_kv = nullptr;         // (total_tokens, coff*head_dim) bf16, fully written
-  void* grad_score = nullptr;      // (total_tokens, coff*head_dim) bf16, fully written
+  const void* grad_out = nullptr;  // (total_comp, head_dim)
+  void* grad_kv = nullptr;         // (total_tokens, coff*head_dim), every row fully written
+  void* grad_score = nullptr;      // (total_tokens, coff*head_dim), every row fully written
   float* grad_ape = nullptr;       // (ratio, coff*head_dim) fp32, overwritten unless accumulating
   std::int64_t total_tokens = 0;
   std::int32_t num_segments = 0;
   std::int64_t total_comp = 0;
   Config config;
   std::uint32_t flags = 0;
+  std::int64_t seq_len = 0;
+  std::int64_t kv_stride = 0;
+  std::int64_t score_stride = 0;
+  std::int64_t grad_out_stride = 0;
+  std::int64_t grad_kv_stride = 0;  // the elements between strided rows are left untouched
+  std::int64_t grad_score_stride = 0;
 };
 
 struct CSA_API RuntimeOptions {

@@ -1,5 +1,7 @@
 // CPU references of the Compressor (no GPU needed): the fp32-intermediate reference in the
-// SPEC §2 op order, and an fp64 oracle. bf16 tensors are passed as their raw 16-bit patterns.
+// SPEC §2 op order, and an fp64 oracle, for every element type (config.dtype: bf16 and fp16
+// tensors as their raw 16-bit patterns, fp32 as floats) and layout (config.layout: THD with
+// offsets, or SBHD with num_segments = B, total_tokens = S * B and null offsets), dense rows.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +11,8 @@
 namespace csa::reference {
 
 struct HostProblem {
-  const std::uint16_t* kv = nullptr;
-  const std::uint16_t* score = nullptr;
+  const void* kv = nullptr;     // config.dtype elements
+  const void* score = nullptr;  // config.dtype elements
   const float* ape = nullptr;
   const std::int32_t* cu_seqlens = nullptr;
   const std::int32_t* cu_seqlens_comp = nullptr;
@@ -18,21 +20,24 @@ struct HostProblem {
   std::int32_t num_segments = 0;
   std::int64_t total_comp = 0;
   Config config;
+  std::int64_t seq_len = 0;  // SBHD: S
 };
 
 CSA_API float bf16_to_float(std::uint16_t bits) noexcept;
 CSA_API std::uint16_t float_to_bf16(float value) noexcept;  // round to nearest even
+CSA_API float fp16_to_float(std::uint16_t bits) noexcept;
+CSA_API std::uint16_t float_to_fp16(float value) noexcept;  // round to nearest even
 
-// out: total_comp * head_dim.
-CSA_API void forward_fp32(const HostProblem& problem, std::uint16_t* out);
+// out: total_comp * head_dim elements of config.dtype.
+CSA_API void forward_fp32(const HostProblem& problem, void* out);
 CSA_API void forward_fp64(const HostProblem& problem, double* out);
 
-// grad_kv, grad_score: total_tokens * W (fully written); grad_ape: ratio * W, overwritten
-// unless `accumulate`. Gradients on padding rows are ignored.
-CSA_API void backward_fp32(const HostProblem& problem, const std::uint16_t* grad_out,
-                           std::uint16_t* grad_kv, std::uint16_t* grad_score, float* grad_ape,
-                           bool accumulate = false);
-CSA_API void backward_fp64(const HostProblem& problem, const std::uint16_t* grad_out,
-                           double* grad_kv, double* grad_score, double* grad_ape);
+// grad_out: total_comp * head_dim, grad_kv, grad_score: total_tokens * W (fully written), all
+// of config.dtype; grad_ape: ratio * W, overwritten unless `accumulate`. Gradients on padding
+// rows are ignored.
+CSA_API void backward_fp32(const HostProblem& problem, const void* grad_out, void* grad_kv,
+                           void* grad_score, float* grad_ape, bool accumulate = false);
+CSA_API void backward_fp64(const HostProblem& problem, const void* grad_out, double* grad_kv,
+                           double* grad_score, double* grad_ape);
 
 }  // namespace csa::reference

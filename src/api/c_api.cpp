@@ -5,6 +5,7 @@
 #include "csa/csa.h"
 #include "csa/csa.hpp"
 #include "api/runtime_impl.hpp"
+#include "common/error.hpp"
 
 namespace {
 
@@ -29,9 +30,90 @@ int guarded(Fn&& fn) {
   }
 }
 
+static_assert(sizeof(csa_compressor_args) == CSA_COMPRESSOR_ARGS_SIZE_V1,
+              "csa_compressor_args: a field was added without a new version size");
+
+// The arguments struct of the _ex calls, checked before anything else is read.
+const csa_compressor_args& checked_args(const csa_compressor_args* args) {
+  if (args == nullptr) csa::fail(csa::Status::kInvalidArgument, "args is null");
+  if (args->struct_size != CSA_COMPRESSOR_ARGS_SIZE_V1) {
+    csa::fail(csa::Status::kInvalidArgument,
+              "args->struct_size is {}: this library (csa {}) knows struct_size {} "
+              "(sizeof(csa_compressor_args) of its csa.h); rebuild against the csa.h of the "
+              "library you load",
+              args->struct_size, csa::version(), CSA_COMPRESSOR_ARGS_SIZE_V1);
+  }
+  if (args->reserved != 0)
+    csa::fail(csa::Status::kInvalidArgument, "args->reserved is {} (must be 0)", args->reserved);
+  return *args;
+}
+
+csa::Config config_of(const csa_compressor_args& a) {
+  return {a.ratio, a.head_dim, a.coff, static_cast<csa::DType>(a.dtype),
+          static_cast<csa::Layout>(a.layout)};
+}
+
+template <typename Args>
+void copy_inputs(Args& out, const csa_compressor_args& a) {
+  out.kv = a.kv;
+  out.score = a.score;
+  out.ape = a.ape;
+  out.cu_seqlens = a.cu_seqlens;
+  out.cu_seqlens_comp = a.cu_seqlens_comp;
+  out.total_tokens = a.total_tokens;
+  out.num_segments = a.num_segments;
+  out.total_comp = a.total_comp;
+  out.config = config_of(a);
+  out.seq_len = a.seq_len;
+  out.kv_stride = a.kv_stride;
+  out.score_stride = a.score_stride;
+}
+
 }  // namespace
 
 extern "C" {
+
+int csa_compressor_forward_ex(const csa_compressor_args* args, void* stream) {
+  return guarded([&] {
+    const csa_compressor_args& a = checked_args(args);
+    if (a.flags != 0) {
+      csa::fail(csa::Status::kInvalidArgument, "args->flags is {:#x}: the forward takes none",
+                a.flags);
+    }
+    csa::ForwardArgs f;
+    copy_inputs(f, a);
+    f.out = a.out;
+    f.out_stride = a.out_stride;
+    csa::forward(f, static_cast<csa::Stream>(stream));
+  });
+}
+
+int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream) {
+  return guarded([&] {
+    const csa_compressor_args& a = checked_args(args);
+    csa::BackwardArgs b;
+    copy_inputs(b, a);
+    b.flags = a.flags;
+    b.grad_out = a.grad_out;
+    b.grad_kv = a.grad_kv;
+    b.grad_score = a.grad_score;
+    b.grad_ape = a.grad_ape;
+    b.grad_out_stride = a.grad_out_stride;
+    b.grad_kv_stride = a.grad_kv_stride;
+    b.grad_score_stride = a.grad_score_stride;
+    csa::backward(b, static_cast<csa::Stream>(stream));
+  });
+}
+
+int csa_prewarm_ex(const csa_compressor_args* args, int device) {
+  return guarded([&] {
+    const csa_compressor_args& a = checked_args(args);
+    csa::Config c = config_of(a);
+    c.strided = a.kv_stride != 0 || a.score_stride != 0 || a.out_stride != 0 ||
+                a.grad_out_stride != 0 || a.grad_kv_stride != 0 || a.grad_score_stride != 0;
+    csa::Runtime::default_runtime().prewarm(c, device);
+  });
+}
 
 int csa_compressor_forward(const void* kv, const void* score, const float* ape,
                            const int32_t* cu_seqlens, const int32_t* cu_seqlens_comp, void* out,

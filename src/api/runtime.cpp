@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "api/runtime_impl.hpp"
+#include "compressor/grad_ape_policy.hpp"
 #include "common/env.hpp"
 #include "common/error.hpp"
 #include "compressor/validation.hpp"
@@ -98,9 +99,9 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     const schedule::ShortWindowSchedule s = impl_->service.schedule_for(config);
     choice.schedule = s.describe();
     choice.contract = "bitwise";
-    choice.grad_ape_atomic =
-        direction == Direction::kBackward && (!s.fixed_order_default || s.one_launch);
-    choice.grad_ape_atomic_needs_claim_words = choice.grad_ape_atomic && s.fixed_order_default;
+    const compressor::GradApeForm form = compressor::short_window_grad_ape(s);
+    choice.grad_ape_atomic = direction == Direction::kBackward && form.atomic;
+    choice.grad_ape_atomic_needs_claim_words = choice.grad_ape_atomic && form.needs_claim_words;
     return choice;
   }
   const auto set = impl_->service.schedules();
@@ -114,7 +115,8 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
   choice.rows_max = sel.rows_max;
   choice.schedule = sel.schedule.describe();
   choice.contract = sel.schedule.bitwise() ? "bitwise" : "tolerance";
-  choice.grad_ape_atomic = direction == Direction::kBackward && sel.schedule.atomic_ape;
+  choice.grad_ape_atomic =
+      direction == Direction::kBackward && compressor::long_window_atomic(sel.schedule, false);
   return choice;
 }
 

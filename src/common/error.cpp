@@ -2,6 +2,28 @@
 
 namespace csa {
 
+const char* dtype_name(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::kBf16:
+      return "bf16";
+    case DType::kF16:
+      return "fp16";
+    case DType::kF32:
+      return "fp32";
+  }
+  return "unknown";
+}
+
+const char* layout_name(Layout layout) noexcept {
+  switch (layout) {
+    case Layout::kThd:
+      return "thd";
+    case Layout::kSbhd:
+      return "sbhd";
+  }
+  return "unknown";
+}
+
 const char* status_name(Status status) noexcept {
   switch (status) {
     case Status::kOk:

@@ -57,14 +57,21 @@ struct ModuleSpec {
   nvrtc::CompileRequest request;
 };
 
+// The kernels' layout policies prewarm and plans prepare for a configuration
+// (csa_kernel::LayoutKind): THD packed (and THD strided with config.strided), or SBHD.
+std::vector<int> kernel_layouts(const Config& config);
+const char* kernel_layout_name(int kernel_layout);  // "thd", "thd-strided", "sbhd"
+// The I/O policy argument of every kernel template: "csa_kernel::Io<dtype,layout,epilogue>".
+std::string io_policy(const Config& config, int kernel_layout);
+
 // `family` must be resolved (not kAuto).
-ModuleSpec make_module_spec(const Config& config, Family family,
+ModuleSpec make_module_spec(const Config& config, int kernel_layout, Family family,
                             const schedule::ShortWindowSchedule& schedule, const std::string& arch,
                             const CompileOptions& options);
 
 // One module for every bucket kernel of a long-window configuration, so that prewarm leaves
 // no cold bucket behind.
-ModuleSpec make_long_window_spec(const Config& config,
+ModuleSpec make_long_window_spec(const Config& config, int kernel_layout,
                                  const std::vector<schedule::LongWindowSchedule>& forward,
                                  const std::vector<schedule::LongWindowSchedule>& backward,
                                  const std::string& arch, const CompileOptions& options,
@@ -73,7 +80,8 @@ ModuleSpec make_long_window_spec(const Config& config,
 // The small per-arch module holding the device-side offset check.
 ModuleSpec make_utility_spec(const std::string& arch, const CompileOptions& options);
 
-std::string config_label(const Config& config);  // "ratio=4 coff=2 head_dim=128"
-std::string prewarm_spec(const Config& config);  // "4,2,128"
+std::string config_label(const Config& config);  // "ratio=4 coff=2 head_dim=128 bf16 thd"
+// The arguments of `csa prewarm --config` for it: "ratio=4,coff=2,head_dim=128[ --dtype ..]".
+std::string prewarm_spec(const Config& config);
 
 }  // namespace csa::compressor

@@ -35,17 +35,31 @@ class StreamScratch {
   CUdeviceptr ptr_ = 0;
 };
 
+// A validated row stride as the kernels take it (0: dense rows of `width`).
+inline csa_i32 row_stride(std::int64_t stride, std::int64_t width) {
+  return static_cast<csa_i32>(stride == 0 ? width : stride);
+}
+
 // The inputs and sizes both kernel parameter structs share. Sizes fit int32: validated.
 template <typename Params, typename Args>
 void fill_inputs(Params& params, const Args& a) {
-  params.kv = static_cast<const csa_u16*>(a.kv);
-  params.score = static_cast<const csa_u16*>(a.score);
+  const std::int64_t width = static_cast<std::int64_t>(a.config.coff) * a.config.head_dim;
+  params.kv = a.kv;
+  params.score = a.score;
   params.ape = a.ape;
   params.cu_seqlens = a.cu_seqlens;
   params.cu_seqlens_comp = a.cu_seqlens_comp;
   params.total_tokens = static_cast<csa_i32>(a.total_tokens);
   params.num_segments = a.num_segments;
   params.total_comp = static_cast<csa_i32>(a.total_comp);
+  params.kv_stride = row_stride(a.kv_stride, width);
+  params.score_stride = row_stride(a.score_stride, width);
+  params.seq_len = static_cast<csa_i32>(a.seq_len);
+}
+
+inline void fill_output(csa_kernel::ForwardParams& params, const ForwardArgs& a) {
+  params.out = a.out;
+  params.out_stride = row_stride(a.out_stride, a.config.head_dim);
 }
 
 template <typename T>
@@ -55,10 +69,14 @@ T* device_ptr(CUdeviceptr p) {
 
 // The backward's gradient pointers (inputs come from fill_inputs).
 inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArgs& a) {
-  params.grad_out = static_cast<const csa_u16*>(a.grad_out);
-  params.grad_kv = static_cast<csa_u16*>(a.grad_kv);
-  params.grad_score = static_cast<csa_u16*>(a.grad_score);
+  const std::int64_t width = static_cast<std::int64_t>(a.config.coff) * a.config.head_dim;
+  params.grad_out = a.grad_out;
+  params.grad_kv = a.grad_kv;
+  params.grad_score = a.grad_score;
   params.grad_ape = a.grad_ape;
+  params.grad_out_stride = row_stride(a.grad_out_stride, a.config.head_dim);
+  params.grad_kv_stride = row_stride(a.grad_kv_stride, width);
+  params.grad_score_stride = row_stride(a.grad_score_stride, width);
 }
 
 // The CTA of a grad_ape reduction kernel: `columns` x `lanes` threads, each thread summing

@@ -9,22 +9,17 @@
 #include "common/env.hpp"
 #include "csa_params.h"
 #include "common/error.hpp"
+#include "compressor/grad_ape_policy.hpp"
 #include "compressor/validation.hpp"
 #include "compressor/launch_helpers.hpp"
 #include "launch/launch.hpp"
 
 namespace csa::compressor {
 
-using detail::blocks_for;
 using detail::device_ptr;
-using detail::fill_gradients;
-using detail::fill_inputs;
-using detail::launch_ape_reduce;
 using detail::StreamScratch;
 
 namespace {
-
-constexpr unsigned kReferenceThreads = 256;
 
 PrewarmReport report_of(const Config& config, const std::string& arch, const std::string& key,
                         const cache::StoredCubin& cubin, bool compiled, double seconds) {
@@ -51,6 +46,21 @@ PrewarmReport report_of(const Config& config, const std::string& arch, const std
   return r;
 }
 
+// One report for the modules of a configuration's layouts (prewarm): the first one's key and
+// source, every kernel counted, the worst resources.
+void merge_report(std::optional<PrewarmReport>& into, PrewarmReport r) {
+  if (!into) {
+    into = std::move(r);
+    return;
+  }
+  into->compiled = into->compiled || r.compiled;
+  into->kernels += r.kernels;
+  into->max_registers = std::max(into->max_registers, r.max_registers);
+  if (into->spill_bytes >= 0 && r.spill_bytes >= 0) into->spill_bytes += r.spill_bytes;
+  into->stack_bytes = std::max(into->stack_bytes, r.stack_bytes);
+  into->ptxas_log += r.ptxas_log;
+}
+
 }  // namespace
 
 Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelStore& store,
@@ -60,7 +70,8 @@ Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelSto
       loader_(loader),
       compile_options_{options.ptxas_verbose, options.line_info},
       schedule_override_(env::get("CSA_SHORT_WINDOW_SCHEDULE")),
-      scratch_(loader, logger) {
+      scratch_(loader, logger),
+      devices_(loader) {
   std::vector<std::string> warnings;
   fast_launch_ = env::flag("CSA_FAST_LAUNCH", true, warnings);
   programmatic_launch_ = env::flag("CSA_PROGRAMMATIC_LAUNCH", true, warnings);
@@ -84,8 +95,7 @@ void Service::set_schedule_table(schedule::ScheduleTable table) {
   auto set = std::make_shared<schedule::ScheduleSet>(*schedules_);
   set->add(std::move(table));
   schedules_ = std::move(set);
-  for (auto& [key, record] : records_) retired_.push_back(std::move(record));
-  records_.clear();
+  records_.retire_all();
 }
 
 std::shared_ptr<const schedule::ScheduleSet> Service::schedules() const {
@@ -112,84 +122,15 @@ schedule::ShortWindowSchedule Service::schedule_for(const Config& config) const 
 }
 
 DeviceTraits Service::device_traits(int ordinal) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = devices_.find(ordinal);
-    if (it != devices_.end()) return it->second;
-  }
-  driver::Driver& d = loader_.get();
-  const auto& api = d.api();
-  int count = 0;
-  d.check(api.cuDeviceGetCount(&count), "cuDeviceGetCount");
-  if (ordinal < 0 || ordinal >= count) {
-    fail(Status::kInvalidArgument, "device {} does not exist ({} CUDA devices)", ordinal, count);
-  }
-  CUdevice dev = 0;
-  d.check(api.cuDeviceGet(&dev, ordinal), "cuDeviceGet");
-  int major = 0;
-  int minor = 0;
-  DeviceTraits t;
-  t.ordinal = ordinal;
-  d.check(api.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
-          "cuDeviceGetAttribute(major)");
-  d.check(api.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
-          "cuDeviceGetAttribute(minor)");
-  d.check(api.cuDeviceGetAttribute(&t.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-          "cuDeviceGetAttribute(multiprocessor count)");
-  d.check(api.cuDeviceGetAttribute(&t.sm.registers,
-                                   CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, dev),
-          "cuDeviceGetAttribute(registers per SM)");
-  d.check(api.cuDeviceGetAttribute(&t.sm.threads,
-                                   CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev),
-          "cuDeviceGetAttribute(threads per SM)");
-  d.check(
-      api.cuDeviceGetAttribute(&t.sm.ctas, CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, dev),
-      "cuDeviceGetAttribute(blocks per SM)");
-  d.check(api.cuDeviceGetAttribute(&t.sm.shared_bytes,
-                                   CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev),
-          "cuDeviceGetAttribute(shared memory per SM)");
-  if (major < 8) {
-    fail(Status::kUnsupported, "device {} has compute capability {}.{}; csa needs 8.0 or newer",
-         ordinal, major, minor);
-  }
-  t.arch = fmt::format("sm_{}{}", major, minor);
-  t.cc_major = major;
-  nvrtc::check_arch(t.arch);
-  std::lock_guard<std::mutex> lock(mutex_);
-  devices_.emplace(ordinal, t);
-  return t;
+  return devices_.traits(ordinal);
 }
 
 int Service::current_device() {
-  driver::Driver& d = loader_.get();
-  CUcontext ctx = nullptr;
-  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
-  if (ctx == nullptr) {
-    fail(Status::kInvalidArgument,
-         "the calling thread has no current CUDA context; select a device first (cudaSetDevice, "
-         "cuCtxSetCurrent or csa_set_device)");
-  }
-  CUdevice dev = 0;
-  d.check(d.api().cuCtxGetDevice(&dev), "cuCtxGetDevice");
-  return static_cast<int>(dev);
+  return devices_.current_device();
 }
 
 void Service::make_current(int device) {
-  driver::Driver& d = loader_.get();
-  CUcontext ctx = nullptr;
-  d.check(d.api().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
-  if (ctx != nullptr) {
-    CUdevice current = 0;
-    d.check(d.api().cuCtxGetDevice(&current), "cuCtxGetDevice");
-    if (current == device) return;
-  }
-  device_traits(device);  // validates the ordinal
-  CUdevice dev = 0;
-  d.check(d.api().cuDeviceGet(&dev, device), "cuDeviceGet");
-  // NOTE: the primary context (the CUDA runtime's and the frameworks') is retained and never
-  // released here: it is shared with everything else in the process.
-  d.check(d.api().cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-  d.check(d.api().cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  devices_.make_current(device);
 }
 
 std::shared_ptr<const cache::LoadedModule> Service::load_module(const ModuleSpec& spec,
@@ -208,11 +149,12 @@ std::shared_ptr<const cache::LoadedModule> Service::load_module(const ModuleSpec
   }
 }
 
-std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family family, int device,
-                                                 bool* compiled) {
+std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kernel_layout,
+                                                 Family family, int device, bool* compiled) {
   check_family(config, family);  // a bad configuration is reported before any driver use
   auto prepared = std::make_shared<Prepared>();
   prepared->config = config;
+  prepared->kernel_layout = kernel_layout;
   prepared->device = device_traits(device);
   prepared->programmatic = programmatic_launch_ && prepared->device.cc_major >= 9;
   const auto set = schedules();
@@ -221,8 +163,8 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   if (resolved == Family::kLongWindow) {
     std::vector<schedule::LongWindowSchedule> forward, backward;
     LongWindowSlots slots;
-    const ModuleSpec spec =
-        long_window_spec(config, prepared->device.arch, *set, &forward, &backward, &slots);
+    const ModuleSpec spec = long_window_spec(config, kernel_layout, prepared->device.arch, *set,
+                                             &forward, &backward, &slots);
     prepared->key = spec.key.hash;
     prepared->module = load_module(spec, compiled);
     prepare_long_window(*prepared, *set, forward, backward, slots);
@@ -232,7 +174,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
     return prepared;
   }
   prepared->schedule = schedule_for(config);
-  const ModuleSpec spec = make_module_spec(config, resolved, prepared->schedule,
+  const ModuleSpec spec = make_module_spec(config, kernel_layout, resolved, prepared->schedule,
                                            prepared->device.arch, compile_options_);
   prepared->key = spec.key.hash;
   prepared->module = load_module(spec, compiled);
@@ -256,35 +198,30 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, Family fa
   return prepared;
 }
 
-std::shared_ptr<const Prepared> Service::prepared_for_call(const Config& config, Family family,
-                                                           CUstream stream) {
+std::shared_ptr<const Prepared> Service::prepared_for_call(const Config& config, int kernel_layout,
+                                                           Family family, CUstream stream) {
   const int device = current_device();
-  const RecordKey key{config.ratio, config.coff, config.head_dim, static_cast<int>(family), device};
+  const RecordCache::Key key = RecordCache::key(config, kernel_layout, family, device);
   if (fast_launch_) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = records_.find(key);
-    if (it != records_.end()) return it->second;
+    if (auto record = records_.find(key)) return record;
   }
+  Config wanted = config;  // what a prewarm for this call names
+  wanted.strided = kernel_layout == csa_kernel::kLayoutThdStrided;
   launch::ensure_not_capturing(loader_.get(), stream, "compiling or loading kernels",
-                               config_label(config), prewarm_spec(config));
-  auto prepared = prepare(config, family, device, nullptr);
+                               config_label(wanted), prewarm_spec(wanted));
+  auto prepared = prepare(config, kernel_layout, family, device, nullptr);
   if (!fast_launch_) return prepared;  // CSA_FAST_LAUNCH=0: resolved again on every call
-  std::lock_guard<std::mutex> lock(mutex_);
-  return records_.emplace(key, std::move(prepared)).first->second;
+  return records_.insert(key, std::move(prepared));
 }
 
-std::shared_ptr<const Prepared> Service::record(const Config& config, Family family, int device) {
+std::shared_ptr<const Prepared> Service::record(const Config& config, int kernel_layout,
+                                                Family family, int device) {
   check_family(config, family);
-  const RecordKey key{config.ratio, config.coff, config.head_dim, static_cast<int>(family), device};
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = records_.find(key);
-    if (it != records_.end()) return it->second;
-  }
-  auto prepared = prepare(config, family, device, nullptr);
+  const RecordCache::Key key = RecordCache::key(config, kernel_layout, family, device);
+  if (auto record = records_.find(key)) return record;
+  auto prepared = prepare(config, kernel_layout, family, device, nullptr);
   scratch_.set_aside_capture_words(device);
-  std::lock_guard<std::mutex> lock(mutex_);
-  return records_.emplace(key, std::move(prepared)).first->second;
+  return records_.insert(key, std::move(prepared));
 }
 
 void Service::check_record_device(const Prepared& p) {
@@ -311,18 +248,17 @@ void Service::backward_with(const Prepared& p, const BackwardArgs& a, CUstream s
 
 PrewarmReport Service::prewarm(const Config& config, int device, Family family) {
   const auto start = std::chrono::steady_clock::now();
-  const RecordKey key{config.ratio, config.coff, config.head_dim, static_cast<int>(family), device};
-  bool compiled = false;
-  auto prepared = prepare(config, family, device, &compiled);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    records_.emplace(key, prepared);
+  std::optional<PrewarmReport> report;
+  for (const int layout : kernel_layouts(config)) {
+    bool compiled = false;
+    auto prepared = prepare(config, layout, family, device, &compiled);
+    records_.insert(RecordCache::key(config, layout, family, device), prepared);
+    merge_report(report, report_of(config, prepared->device.arch, prepared->key,
+                                   *prepared->module->cubin, compiled, 0.0));
   }
   scratch_.set_aside_capture_words(device);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return report_of(config, prepared->device.arch, prepared->key, *prepared->module->cubin, compiled,
-                   seconds);
+  report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return *report;
 }
 
 PrewarmReport Service::compile_for_arch(const Config& config, const std::string& arch,
@@ -331,132 +267,35 @@ PrewarmReport Service::compile_for_arch(const Config& config, const std::string&
   nvrtc::check_arch(arch);
   const auto set = schedules();
   const Family resolved = resolve(config, family, arch);
-  ModuleSpec spec;
-  if (resolved == Family::kLongWindow) {
-    std::vector<schedule::LongWindowSchedule> forward, backward;
-    spec = long_window_spec(config, arch, *set, &forward, &backward, nullptr);
-  } else {
-    spec = make_module_spec(config, resolved, schedule_for(config), arch, compile_options_);
+  std::optional<PrewarmReport> report;
+  for (const int layout : kernel_layouts(config)) {
+    ModuleSpec spec;
+    if (resolved == Family::kLongWindow) {
+      std::vector<schedule::LongWindowSchedule> forward, backward;
+      spec = long_window_spec(config, layout, arch, *set, &forward, &backward, nullptr);
+    } else {
+      spec =
+          make_module_spec(config, layout, resolved, schedule_for(config), arch, compile_options_);
+    }
+    bool compiled = false;
+    auto cubin = store_.get(spec.key, spec.request, &compiled);
+    merge_report(report, report_of(config, arch, spec.key.hash, *cubin, compiled, 0.0));
   }
-  bool compiled = false;
-  auto cubin = store_.get(spec.key, spec.request, &compiled);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return report_of(config, arch, spec.key.hash, *cubin, compiled, seconds);
+  report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return *report;
 }
 
 void Service::forward(const ForwardArgs& a, CUstream stream, Family family) {
   validate_forward(a);
   check_family(a.config, family);
   if (a.total_comp == 0) return;  // nothing to write
-  launch_forward(*prepared_for_call(a.config, family, stream), a, stream);
-}
-
-void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream stream) {
-  if (p.family == Family::kLongWindow) {
-    forward_long(p, a, stream);
-    return;
-  }
-  csa_kernel::ForwardParams params{};
-  fill_inputs(params, a);
-  params.out = static_cast<csa_u16*>(a.out);
-  launch::LaunchShape shape;
-  if (p.family == Family::kReference) {
-    shape.grid_x = blocks_for(a.total_comp * a.config.head_dim, kReferenceThreads);
-    shape.block_x = kReferenceThreads;
-    launch::launch(driver(), p.kernel(kRefForward), shape, params, stream,
-                   "reference forward launch");
-    return;
-  }
-  const auto choice = schedule::forward_choice(p.schedule, a.config, a.total_comp);
-  const int ncv = a.config.head_dim / choice.vec;
-  shape.block_x = static_cast<unsigned>(choice.threads);
-  shape.programmatic = p.programmatic;
-  shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
-  const int slot = choice.wide ? kSwForwardWide : kSwForward;
-  launch::launch(driver(), p.kernel(slot), shape, params, stream, "forward launch");
+  launch_forward(*prepared_for_call(a.config, kernel_layout(a), family, stream), a, stream);
 }
 
 void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   validate_backward(a);
   check_family(a.config, family);
-  launch_backward(*prepared_for_call(a.config, family, stream), a, stream);
-}
-
-void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream stream) {
-  if (p.family == Family::kLongWindow) {
-    backward_long(p, a, stream);
-    return;
-  }
-  driver::Driver& d = driver();
-  const Config& c = a.config;
-  const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
-  const std::int64_t ape_elems = c.ratio * width;
-  const bool accumulate = (a.flags & kAccumulateGradApe) != 0;
-
-  csa_kernel::BackwardParams params{};
-  fill_inputs(params, a);
-  fill_gradients(params, a);
-  params.accumulate = accumulate ? 1 : 0;
-
-  if (p.family == Family::kReference) {
-    launch::LaunchShape shape;
-    shape.block_x = kReferenceThreads;
-    if (a.total_tokens > 0) {
-      shape.grid_x = blocks_for(a.total_tokens * width, kReferenceThreads);
-      launch::launch(d, p.kernel(kRefBackwardZeros), shape, params, stream,
-                     "reference backward zeros launch");
-    }
-    if (a.total_comp > 0) {
-      shape.grid_x = blocks_for(a.total_comp * c.head_dim, kReferenceThreads);
-      launch::launch(d, p.kernel(kRefBackwardRows), shape, params, stream,
-                     "reference backward launch");
-    }
-    shape.grid_x = blocks_for(ape_elems, kReferenceThreads);
-    launch::launch(d, p.kernel(kRefGradApe), shape, params, stream, "reference grad_ape launch");
-    return;
-  }
-
-  const auto& s = p.schedule;
-  const auto grid =
-      schedule::backward_grid(s, c, a.total_comp, p.device.sm_count, p.backward_resident_ctas);
-  params.rows_per_cta = grid.rows_per_cta;
-  launch::LaunchShape shape;
-  shape.grid_x = static_cast<unsigned>(grid.grid_x);
-  shape.grid_y = static_cast<unsigned>(grid.grid_y);
-  shape.block_x = static_cast<unsigned>(s.backward_tx);
-  shape.block_y = static_cast<unsigned>(s.backward_ty);
-  shape.programmatic = p.programmatic;
-  const bool deterministic = (a.flags & kDeterministic) != 0;
-  const bool capturing = launch::is_capturing(d, stream);
-  // One launch instead of two (one_launch): the atomic form, which zeroes grad_ape itself
-  // through claim words; captured, where claim words are left (and a CTA has at least
-  // captured_one_launch_min rows x slots of work: 0, always, by default).
-  const int slots = c.ratio * c.coff;  // window slots
-  bool fixed_order =
-      deterministic ||
-      (s.fixed_order_default &&
-       (!s.one_launch || (capturing && static_cast<std::int64_t>(grid.rows_per_cta) * slots <
-                                           s.captured_one_launch_min)));
-  if (!fixed_order) {
-    // The claim words are per column block (x).
-    const CUdeviceptr words = accumulate ? 0 : scratch_.claim_words(grid.grid_x, capturing, stream);
-    if (words != 0 || accumulate || !s.fixed_order_default) {
-      prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
-      launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
-      return;
-    }
-    fixed_order = true;
-  }
-  const std::size_t workspace_bytes =
-      static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float);
-  CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
-  std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
-  if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
-  params.workspace = device_ptr<float>(workspace);
-  launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
-  launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
-                    {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream);
+  launch_backward(*prepared_for_call(a.config, kernel_layout(a), family, stream), a, stream);
 }
 
 void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,

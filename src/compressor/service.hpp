@@ -15,7 +15,10 @@
 #include "cache/kernel_store.hpp"
 #include "cache/module_cache.hpp"
 #include "common/logger.hpp"
+#include "compressor/device_registry.hpp"
 #include "compressor/kernel_spec.hpp"
+#include "compressor/prepared.hpp"
+#include "compressor/record_cache.hpp"
 #include "compressor/scratch_pool.hpp"
 #include "driver/loader.hpp"
 #include "schedule/short_window.hpp"
@@ -26,44 +29,6 @@ struct BackwardParams;  // kernels/csa_params.h
 }
 
 namespace csa::compressor {
-
-struct DeviceTraits {
-  int ordinal = 0;
-  int cc_major = 0;
-  std::string arch;  // "sm_90"
-  int sm_count = 0;
-  schedule::SmLimits sm;
-};
-
-// One bucket of a long-window direction: its row range end, schedule, kernel and launch data.
-struct PreparedBucket {
-  std::int64_t max_rows = -1;  // -1: unbounded
-  schedule::LongWindowSchedule schedule;
-  int slot = 0;  // kernel slot in the module
-  int shared_bytes = 0;
-  int resident_ctas = 1;  // CTAs per SM (backward grid sizing, the forward's early prefetch)
-  // Backward: the fixed-order kernel (the bucket's own unless it adds grad_ape atomically),
-  // which deterministic calls take.
-  int fixed_slot = 0;
-  int fixed_resident_ctas = 1;
-};
-
-// Everything a call needs, resolved once.
-struct Prepared {
-  Config config;
-  Family family = Family::kShortWindow;
-  schedule::ShortWindowSchedule schedule;
-  DeviceTraits device;
-  std::string key;                           // cache key of the module
-  int backward_resident_ctas = 1;            // backward CTAs per SM (from the kernel's registers)
-  std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
-  std::vector<PreparedBucket> long_backward;
-  int long_ape_reduce_slot = 0;
-  int long_ape_reduce_quads_slot = -1;  // LongWindowSlots::ape_reduce_quads
-  bool programmatic = false;            // launch with programmatic dependent launch (sm_90+)
-  std::shared_ptr<const cache::LoadedModule> module;
-  CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
-};
 
 class Service {
  public:
@@ -78,7 +43,8 @@ class Service {
 
   // The plan API: a record prepared once (no capture check: never called while capturing a
   // stream), then calls against it that skip the record lookup.
-  std::shared_ptr<const Prepared> record(const Config& config, Family family, int device);
+  std::shared_ptr<const Prepared> record(const Config& config, int kernel_layout, Family family,
+                                         int device);
   void forward_with(const Prepared& p, const ForwardArgs& args, CUstream stream);
   void backward_with(const Prepared& p, const BackwardArgs& args, CUstream stream);
   PrewarmReport prewarm(const Config& config, int device, Family family);
@@ -104,19 +70,17 @@ class Service {
   driver::Driver& driver() { return loader_.get(); }
 
  private:
-  using RecordKey = std::tuple<int, int, int, int, int>;  // ratio, coff, head_dim, family, device
-
-  std::shared_ptr<const Prepared> prepared_for_call(const Config& config, Family family,
-                                                    CUstream stream);
+  std::shared_ptr<const Prepared> prepared_for_call(const Config& config, int kernel_layout,
+                                                    Family family, CUstream stream);
   void launch_forward(const Prepared& p, const ForwardArgs& a, CUstream stream);
   void launch_backward(const Prepared& p, const BackwardArgs& a, CUstream stream);
   void check_record_device(const Prepared& p);
-  std::shared_ptr<const Prepared> prepare(const Config& config, Family family, int device,
-                                          bool* compiled);
+  std::shared_ptr<const Prepared> prepare(const Config& config, int kernel_layout, Family family,
+                                          int device, bool* compiled);
   cache::ModuleCache& modules();
   // The module of `spec` loaded on the driver (compiled or read from the cache first).
   std::shared_ptr<const cache::LoadedModule> load_module(const ModuleSpec& spec, bool* compiled);
-  ModuleSpec long_window_spec(const Config& config, const std::string& arch,
+  ModuleSpec long_window_spec(const Config& config, int kernel_layout, const std::string& arch,
                               const schedule::ScheduleSet& set,
                               std::vector<schedule::LongWindowSchedule>* forward,
                               std::vector<schedule::LongWindowSchedule>* backward,
@@ -148,11 +112,10 @@ class Service {
   std::once_flag modules_once_;
   std::unique_ptr<cache::ModuleCache> modules_;
 
-  mutable std::mutex mutex_;  // guards records_ and devices_ (never held while compiling)
-  std::map<RecordKey, std::shared_ptr<const Prepared>> records_;
-  std::vector<std::shared_ptr<const Prepared>> retired_;  // callers may still hold references
-  std::map<int, DeviceTraits> devices_;
+  mutable std::mutex mutex_;  // guards schedules_ (never held while compiling)
   std::shared_ptr<const schedule::ScheduleSet> schedules_;
+  RecordCache records_;
+  DeviceRegistry devices_;
 };
 
 }  // namespace csa::compressor

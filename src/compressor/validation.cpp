@@ -1,6 +1,9 @@
 #include "compressor/validation.hpp"
 
+#include <algorithm>
 #include <cstdint>
+
+#include "csa_params.h"
 
 #include "common/error.hpp"
 #include "schedule/short_window.hpp"
@@ -29,6 +32,11 @@ struct Shape {
   std::int64_t comp_elems;   // total_comp * head_dim
   std::int64_t ape_elems;    // ratio * width
 };
+
+// The smallest power of two that divides n (n >= 1).
+std::int64_t low_bit(std::int64_t n) {
+  return n & -n;
+}
 
 Shape checked_shape(const Config& c, std::int64_t total_tokens, std::int32_t num_segments,
                     std::int64_t total_comp) {
@@ -76,7 +84,54 @@ void validate_sizes(const Config& config, std::int64_t total_tokens, std::int32_
   checked_shape(config, total_tokens, num_segments, total_comp);
 }
 
+std::int64_t row_alignment(const Config& c) {
+  const std::int64_t chunk = 16 / element_bytes(c.dtype);
+  return std::min<std::int64_t>(chunk, low_bit(c.head_dim));
+}
+
+int element_bytes(DType dtype) {
+  return dtype == DType::kF32 ? 4 : 2;
+}
+
+std::int64_t checked_stride(std::int64_t stride, const char* name, std::int64_t width,
+                            std::int64_t rows, const Config& c) {
+  if (stride == 0) return width;
+  if (stride < width) {
+    fail(Status::kInvalidArgument, "{} is {} (must be 0 for dense rows, or >= the row width {})",
+         name, stride, width);
+  }
+  const std::int64_t align = row_alignment(c);
+  if (stride % align != 0) {
+    fail(Status::kInvalidArgument,
+         "{} is {}: rows {} elements apart lose the {}-byte alignment that {} rows of head_dim {} "
+         "are accessed with (must be a multiple of {})",
+         name, stride, stride, align * element_bytes(c.dtype), dtype_name(c.dtype), c.head_dim,
+         align);
+  }
+  // NOTE: kernels index rows with int32 strides and 64-bit products; the last row must end
+  // below 2^31 elements like a dense buffer's.
+  if (rows > 0 && (rows - 1) > (kInt32Limit - 1 - width) / stride) {
+    fail(Status::kInvalidArgument,
+         "{} = {} over {} rows overflows int32 offsets (the last row must end below 2^31 "
+         "elements)",
+         name, stride, rows);
+  }
+  return stride;
+}
+
+std::int64_t strided_elements(std::int64_t rows, std::int64_t stride, std::int64_t width) {
+  return rows == 0 ? 0 : (rows - 1) * stride + width;
+}
+
 void validate_config(const Config& c) {
+  if (c.dtype != DType::kBf16 && c.dtype != DType::kF16 && c.dtype != DType::kF32) {
+    fail(Status::kInvalidArgument, "dtype is {} (supported: bf16 = 0, fp16 = 1, fp32 = 2)",
+         static_cast<int>(c.dtype));
+  }
+  if (c.layout != Layout::kThd && c.layout != Layout::kSbhd) {
+    fail(Status::kInvalidArgument, "layout is {} (supported: thd = 0, sbhd = 1)",
+         static_cast<int>(c.layout));
+  }
   if (c.ratio < 1 || c.ratio > kMaxRatio)
     fail(Status::kInvalidArgument, "ratio is {} (supported: 1..{})", c.ratio, kMaxRatio);
   if (c.coff != 1 && c.coff != 2)
@@ -98,16 +153,64 @@ void check_family(const Config& c, Family family) {
 
 namespace {
 
+// SBHD's sizes follow from (S, B): every column one segment, no offsets, no padding rows.
+template <typename Args>
+void check_layout(const Args& a) {
+  const Config& c = a.config;
+  if (c.layout == Layout::kThd) {
+    if (a.seq_len != 0) {
+      fail(Status::kInvalidArgument,
+           "seq_len is {} but the layout is THD (seq_len is SBHD's S; THD takes cu_seqlens)",
+           a.seq_len);
+    }
+    return;
+  }
+  if (a.num_segments < 1) {
+    fail(Status::kInvalidArgument,
+         "num_segments (SBHD's batch B) is {} (must be >= 1: every batch column is a segment)",
+         a.num_segments);
+  }
+  if (a.seq_len < 0)
+    fail(Status::kInvalidArgument, "seq_len (SBHD's S) is {} (must be >= 0)", a.seq_len);
+  if (a.cu_seqlens != nullptr || a.cu_seqlens_comp != nullptr) {
+    fail(Status::kInvalidArgument,
+         "{} is set but the layout is SBHD, which has no offsets (pass null)",
+         a.cu_seqlens != nullptr ? "cu_seqlens" : "cu_seqlens_comp");
+  }
+  if (a.seq_len > (kInt32Limit - 1) / a.num_segments ||
+      a.total_tokens != a.seq_len * a.num_segments) {
+    fail(Status::kInvalidArgument,
+         "total_tokens is {} but SBHD with seq_len {} and batch {} has seq_len * batch rows",
+         a.total_tokens, a.seq_len, a.num_segments);
+  }
+  const std::int64_t rows = (a.seq_len / c.ratio) * a.num_segments;
+  if (a.total_comp != rows) {
+    fail(Status::kInvalidArgument,
+         "total_comp is {} but SBHD with seq_len {}, ratio {} and batch {} has (seq_len / ratio) "
+         "* batch = {} rows (no padding rows)",
+         a.total_comp, a.seq_len, c.ratio, a.num_segments, rows);
+  }
+}
+
 // The shape and the inputs both directions share (ForwardArgs or BackwardArgs).
 template <typename Args>
 Shape validate_inputs(const Args& a) {
+  validate_config(a.config);
+  check_layout(a);
   const Shape s = checked_shape(a.config, a.total_tokens, a.num_segments, a.total_comp);
-  check_pointer(a.kv, "kv", s.token_elems, kDataAlign);
-  check_pointer(a.score, "score", s.token_elems, kDataAlign);
+  const std::int64_t kv_stride =
+      checked_stride(a.kv_stride, "kv_stride", s.width, a.total_tokens, a.config);
+  const std::int64_t score_stride =
+      checked_stride(a.score_stride, "score_stride", s.width, a.total_tokens, a.config);
+  check_pointer(a.kv, "kv", strided_elements(a.total_tokens, kv_stride, s.width), kDataAlign);
+  check_pointer(a.score, "score", strided_elements(a.total_tokens, score_stride, s.width),
+                kDataAlign);
   check_pointer(a.ape, "ape", s.ape_elems, kDataAlign);
-  const std::int64_t offsets = std::int64_t{a.num_segments} + 1;
-  check_pointer(a.cu_seqlens, "cu_seqlens", offsets, kOffsetAlign);
-  check_pointer(a.cu_seqlens_comp, "cu_seqlens_comp", offsets, kOffsetAlign);
+  if (a.config.layout == Layout::kThd) {
+    const std::int64_t offsets = std::int64_t{a.num_segments} + 1;
+    check_pointer(a.cu_seqlens, "cu_seqlens", offsets, kOffsetAlign);
+    check_pointer(a.cu_seqlens_comp, "cu_seqlens_comp", offsets, kOffsetAlign);
+  }
   return s;
 }
 
@@ -115,7 +218,11 @@ Shape validate_inputs(const Args& a) {
 
 void validate_forward(const ForwardArgs& a) {
   const Shape s = validate_inputs(a);
-  check_pointer(a.out, "out", s.comp_elems, kDataAlign);
+  const std::int64_t d = a.config.head_dim;
+  const std::int64_t out_stride =
+      checked_stride(a.out_stride, "out_stride", d, a.total_comp, a.config);
+  check_pointer(a.out, "out", strided_elements(a.total_comp, out_stride, d), kDataAlign);
+  (void)s;
 }
 
 void validate_backward(const BackwardArgs& a) {
@@ -125,10 +232,39 @@ void validate_backward(const BackwardArgs& a) {
          "flags {:#x} has unknown bits (known: CSA_ACCUMULATE_GRAD_APE=1, CSA_DETERMINISTIC=2)",
          a.flags);
   }
-  check_pointer(a.grad_out, "grad_out", s.comp_elems, kDataAlign);
-  check_pointer(a.grad_kv, "grad_kv", s.token_elems, kDataAlign);
-  check_pointer(a.grad_score, "grad_score", s.token_elems, kDataAlign);
+  const std::int64_t d = a.config.head_dim;
+  const std::int64_t t = a.total_tokens;
+  const std::int64_t gout =
+      checked_stride(a.grad_out_stride, "grad_out_stride", d, a.total_comp, a.config);
+  const std::int64_t gkv = checked_stride(a.grad_kv_stride, "grad_kv_stride", s.width, t, a.config);
+  const std::int64_t gsc =
+      checked_stride(a.grad_score_stride, "grad_score_stride", s.width, t, a.config);
+  check_pointer(a.grad_out, "grad_out", strided_elements(a.total_comp, gout, d), kDataAlign);
+  check_pointer(a.grad_kv, "grad_kv", strided_elements(t, gkv, s.width), kDataAlign);
+  check_pointer(a.grad_score, "grad_score", strided_elements(t, gsc, s.width), kDataAlign);
   check_pointer(a.grad_ape, "grad_ape", s.ape_elems, kDataAlign);
+}
+
+bool dense(std::int64_t stride, std::int64_t width) {
+  return stride == 0 || stride == width;
+}
+
+int kernel_layout(const ForwardArgs& a) {
+  if (a.config.layout == Layout::kSbhd) return csa_kernel::kLayoutSbhd;
+  const std::int64_t w = static_cast<std::int64_t>(a.config.coff) * a.config.head_dim;
+  return dense(a.kv_stride, w) && dense(a.score_stride, w) && dense(a.out_stride, a.config.head_dim)
+             ? csa_kernel::kLayoutThdPacked
+             : csa_kernel::kLayoutThdStrided;
+}
+
+int kernel_layout(const BackwardArgs& a) {
+  if (a.config.layout == Layout::kSbhd) return csa_kernel::kLayoutSbhd;
+  const std::int64_t w = static_cast<std::int64_t>(a.config.coff) * a.config.head_dim;
+  const std::int64_t d = a.config.head_dim;
+  return dense(a.kv_stride, w) && dense(a.score_stride, w) && dense(a.grad_kv_stride, w) &&
+                 dense(a.grad_score_stride, w) && dense(a.grad_out_stride, d)
+             ? csa_kernel::kLayoutThdPacked
+             : csa_kernel::kLayoutThdStrided;
 }
 
 }  // namespace csa::compressor

@@ -19,4 +19,14 @@ void check_family(const Config& config, Family family);
 void validate_forward(const ForwardArgs& args);
 void validate_backward(const BackwardArgs& args);
 
+int element_bytes(DType dtype);
+// Elements a row stride must be a multiple of: dense rows' alignment for the widest vector
+// access of the configuration (16 bytes, or less where head_dim is not a multiple of it).
+std::int64_t row_alignment(const Config& config);
+bool dense(std::int64_t stride, std::int64_t width);
+// The kernels' layout policy of a validated call (csa_kernel::LayoutKind): SBHD, or THD packed
+// when every stride is dense, else THD strided.
+int kernel_layout(const ForwardArgs& args);
+int kernel_layout(const BackwardArgs& args);
+
 }  // namespace csa::compressor

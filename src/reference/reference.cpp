@@ -25,30 +25,114 @@ std::uint16_t float_to_bf16(float value) noexcept {
   return static_cast<std::uint16_t>(u >> 16);
 }
 
+float fp16_to_float(std::uint16_t bits) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const int exponent = (bits >> 10) & 0x1f;
+  const std::uint32_t mantissa = bits & 0x3ffu;
+  float magnitude;
+  if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);  // zero and subnormals
+  } else if (exponent == 31) {
+    magnitude = mantissa == 0 ? std::numeric_limits<float>::infinity()
+                              : std::numeric_limits<float>::quiet_NaN();
+  } else {
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), exponent - 25);
+  }
+  std::uint32_t u;
+  std::memcpy(&u, &magnitude, sizeof u);
+  u |= sign;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+std::uint16_t float_to_fp16(float value) noexcept {
+  std::uint32_t u;
+  std::memcpy(&u, &value, sizeof u);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const float a = std::fabs(value);
+  if (std::isnan(value)) return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (a >= 65520.0f) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (a < 0x1p-14f) {
+    // Subnormal range: multiples of 2^-24, rounded to nearest even by the FPU's rint.
+    const auto m = static_cast<std::uint32_t>(std::nearbyint(a * 0x1p24f));
+    return static_cast<std::uint16_t>(sign | m);
+  }
+  std::uint32_t bits;
+  std::memcpy(&bits, &a, sizeof bits);
+  // Keep 10 mantissa bits, round to nearest even on the 13 dropped ones.
+  const std::uint32_t rounded = bits + 0xfffu + ((bits >> 13) & 1u);
+  const std::uint32_t exponent = (rounded >> 23) - 127 + 15;
+  return static_cast<std::uint16_t>(sign | (exponent << 10) | ((rounded >> 13) & 0x3ffu));
+}
+
 namespace {
 
-// The window of one output row (SPEC §1), for valid offsets.
+// Element i of a config.dtype tensor, and the rounding of a result to it.
+float element(const void* data, DType dtype, std::int64_t i) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(data)[i];
+    case DType::kF16:
+      return fp16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    default:
+      return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+  }
+}
+
+void store_element(void* data, DType dtype, std::int64_t i, float v) {
+  switch (dtype) {
+    case DType::kF32:
+      static_cast<float*>(data)[i] = v;
+      return;
+    case DType::kF16:
+      static_cast<std::uint16_t*>(data)[i] = float_to_fp16(v);
+      return;
+    default:
+      static_cast<std::uint16_t*>(data)[i] = float_to_bf16(v);
+  }
+}
+
+bool sbhd(const HostProblem& p) {
+  return p.config.layout == Layout::kSbhd;
+}
+
+// The window of one output row (SPEC §1), for valid offsets: its segment, its block, and the
+// segment's first token row (THD) or column (SBHD).
 struct Window {
-  std::int64_t t0 = 0;
+  std::int64_t segment_row0 = 0;  // THD: cu[s]; SBHD: s
+  std::int64_t block = 0;
   bool first = true;
 };
 
 std::int64_t valid_rows(const HostProblem& p) {
+  if (sbhd(p)) return p.total_comp;
   if (p.num_segments <= 0) return 0;
   return std::min<std::int64_t>(p.cu_seqlens_comp[p.num_segments], p.total_comp);
 }
 
 Window window_of(const HostProblem& p, std::int64_t row) {
   Window w;
+  if (sbhd(p)) {  // row i * B + b: block i of column b
+    w.segment_row0 = row % p.num_segments;
+    w.block = row / p.num_segments;
+    w.first = w.block == 0;
+    return w;
+  }
   if (row >= valid_rows(p)) return w;  // padding row: block 0 from token 0
   for (int s = 0; s < p.num_segments; ++s) {
     if (p.cu_seqlens_comp[s] <= row && row < p.cu_seqlens_comp[s + 1]) {
-      const std::int64_t block = row - p.cu_seqlens_comp[s];
-      w.t0 = p.cu_seqlens[s] + block * p.config.ratio;
-      w.first = block == 0;
+      w.block = row - p.cu_seqlens_comp[s];
+      w.segment_row0 = p.cu_seqlens[s];
+      w.first = w.block == 0;
     }
   }
   return w;
+}
+
+// Row of token t (counted from the segment's start) of the window's segment.
+std::int64_t token_row(const HostProblem& p, const Window& w, std::int64_t t) {
+  return sbhd(p) ? t * p.num_segments + w.segment_row0 : w.segment_row0 + t;
 }
 
 struct Slot {
@@ -61,11 +145,16 @@ Slot slot_of(const HostProblem& p, const Window& w, int k, int j) {
   const int r = p.config.ratio;
   const int d = p.config.head_dim;
   const std::int64_t width = static_cast<std::int64_t>(p.config.coff) * d;
+  const std::int64_t t0 = w.block * r;
   if (p.config.coff == 1)
-    return {true, (w.t0 + k) * width + j, static_cast<std::int64_t>(k) * width + j};
-  if (k < r)
-    return {!w.first, (w.t0 - r + k) * width + j, static_cast<std::int64_t>(k) * width + j};
-  return {true, (w.t0 + k - r) * width + d + j, static_cast<std::int64_t>(k - r) * width + d + j};
+    return {true, token_row(p, w, t0 + k) * width + j, static_cast<std::int64_t>(k) * width + j};
+  if (k < r) {
+    const bool valid = !w.first;
+    return {valid, valid ? token_row(p, w, t0 - r + k) * width + j : 0,
+            static_cast<std::int64_t>(k) * width + j};
+  }
+  return {true, token_row(p, w, t0 + k - r) * width + d + j,
+          static_cast<std::int64_t>(k - r) * width + d + j};
 }
 
 // Softmax weights of one (row, column); T is float (reference order) or double (oracle).
@@ -77,9 +166,9 @@ void weights(const HostProblem& p, const Window& w, int j, std::vector<T>& prob)
   T m = -std::numeric_limits<T>::infinity();
   for (int k = 0; k < slots; ++k) {
     const Slot sl = slot_of(p, w, k, j);
-    s[k] = sl.valid
-               ? static_cast<T>(bf16_to_float(p.score[sl.offset])) + static_cast<T>(p.ape[sl.ape])
-               : -std::numeric_limits<T>::infinity();
+    s[k] = sl.valid ? static_cast<T>(element(p.score, p.config.dtype, sl.offset)) +
+                          static_cast<T>(p.ape[sl.ape])
+                    : -std::numeric_limits<T>::infinity();
     m = std::fmax(m, s[k]);
   }
   T den = 0;
@@ -92,7 +181,7 @@ void weights(const HostProblem& p, const Window& w, int j, std::vector<T>& prob)
 
 template <typename T>
 T kv_of(const HostProblem& p, const Slot& sl) {
-  return sl.valid ? static_cast<T>(bf16_to_float(p.kv[sl.offset])) : T(0);
+  return sl.valid ? static_cast<T>(element(p.kv, p.config.dtype, sl.offset)) : T(0);
 }
 
 template <typename T, typename Store>
@@ -113,7 +202,7 @@ void forward_impl(const HostProblem& p, Store store) {
 
 // Calls emit(slot, ds, gkv) for every valid slot of every valid row.
 template <typename T, typename Emit>
-void backward_impl(const HostProblem& p, const std::uint16_t* grad_out, Emit emit) {
+void backward_impl(const HostProblem& p, const void* grad_out, Emit emit) {
   const int d = p.config.head_dim;
   const int slots = p.config.coff * p.config.ratio;
   std::vector<T> prob;
@@ -122,7 +211,7 @@ void backward_impl(const HostProblem& p, const std::uint16_t* grad_out, Emit emi
     const Window w = window_of(p, row);
     for (int j = 0; j < d; ++j) {
       weights<T>(p, w, j, prob);
-      const T g = static_cast<T>(bf16_to_float(grad_out[row * d + j]));
+      const T g = static_cast<T>(element(grad_out, p.config.dtype, row * d + j));
       T S = 0;
       for (int k = 0; k < slots; ++k) {
         const T dp = g * kv_of<T>(p, slot_of(p, w, k, j));
@@ -147,32 +236,35 @@ std::int64_t width_of(const HostProblem& p) {
 
 }  // namespace
 
-void forward_fp32(const HostProblem& problem, std::uint16_t* out) {
-  forward_impl<float>(problem, [&](std::int64_t i, float v) { out[i] = float_to_bf16(v); });
+void forward_fp32(const HostProblem& problem, void* out) {
+  forward_impl<float>(
+      problem, [&](std::int64_t i, float v) { store_element(out, problem.config.dtype, i, v); });
 }
 
 void forward_fp64(const HostProblem& problem, double* out) {
   forward_impl<double>(problem, [&](std::int64_t i, double v) { out[i] = v; });
 }
 
-void backward_fp32(const HostProblem& problem, const std::uint16_t* grad_out,
-                   std::uint16_t* grad_kv, std::uint16_t* grad_score, float* grad_ape,
-                   bool accumulate) {
+void backward_fp32(const HostProblem& problem, const void* grad_out, void* grad_kv,
+                   void* grad_score, float* grad_ape, bool accumulate) {
   const std::int64_t n = problem.total_tokens * width_of(problem);
-  std::fill(grad_kv, grad_kv + n, std::uint16_t{0});
-  std::fill(grad_score, grad_score + n, std::uint16_t{0});
+  const DType dtype = problem.config.dtype;
+  for (std::int64_t i = 0; i < n; ++i) {
+    store_element(grad_kv, dtype, i, 0.0f);
+    store_element(grad_score, dtype, i, 0.0f);
+  }
   // Row-ascending sums per APE element, kept apart so `accumulate` adds one total.
   std::vector<float> ape(static_cast<std::size_t>(problem.config.ratio * width_of(problem)), 0.0f);
   backward_impl<float>(problem, grad_out, [&](const Slot& sl, float ds, float gkv) {
-    grad_kv[sl.offset] = float_to_bf16(gkv);
-    grad_score[sl.offset] = float_to_bf16(ds);
+    store_element(grad_kv, dtype, sl.offset, gkv);
+    store_element(grad_score, dtype, sl.offset, ds);
     ape[sl.ape] += ds;
   });
   for (std::size_t i = 0; i < ape.size(); ++i)
     grad_ape[i] = accumulate ? grad_ape[i] + ape[i] : ape[i];
 }
 
-void backward_fp64(const HostProblem& problem, const std::uint16_t* grad_out, double* grad_kv,
+void backward_fp64(const HostProblem& problem, const void* grad_out, double* grad_kv,
                    double* grad_score, double* grad_ape) {
   const std::int64_t n = problem.total_tokens * width_of(problem);
   std::fill(grad_kv, grad_kv + n, 0.0);

@@ -1,6 +1,7 @@
 #include "schedule/long_window.hpp"
 
 #include "common/parse.hpp"
+#include "csa_params.h"
 
 #include <fmt/format.h>
 
@@ -36,20 +37,18 @@ std::string LongWindowSchedule::kernel_prefix(Direction direction) const {
 
 int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
   const int win = c.coff * c.ratio;
+  const int element = static_cast<int>(c.dtype);
   if (!s.staged) {
     if (s.stages <= 1) return 0;
-    const int lanes = s.window_lanes();
-    // LaneRing::STAGE_ELEMS: score and kv of (window + one pad row per lane) rows, grad_out.
-    const int stage_elems = (2 * (win + lanes) * s.cols + s.cols + 7) / 8 * 8;
+    const int stage_elems =
+        csa_kernel::lane_ring_stage_elements(element, win, s.window_lanes(), s.cols);
     // LaneRing::APE_FLOATS: with 64 registers a thread (above 256 threads, at most 8 window
     // values a thread), each thread's ape values (C slots x vec).
     const int values = s.window_values(win);
     const int ape_floats = s.threads > 256 && values <= 8 ? values * s.threads : 0;
-    return s.stages * stage_elems * 2 + ape_floats * 4;
+    return s.stages * stage_elems * csa_kernel::element_bytes(element) + ape_floats * 4;
   }
-  const int chunks = s.threads / s.cols;
-  const int words = win * s.cols + 3 * chunks * s.cols + 4 * s.cols;
-  return words * 4 + win * s.cols * 2;
+  return csa_kernel::staged_window_bytes(element, win, s.threads / s.cols, s.cols);
 }
 
 int shared_limit_for_arch(const std::string& arch) {
@@ -112,9 +111,10 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
       break;  // one column, 512 lanes: at most one value per thread for ratio <= 256
     }
   }
-  // The ring copies 16-byte chunks of 8 columns; its static shared memory (24 B per thread
-  // and column, above) and the ring share the arch's limit.
-  if (c.head_dim % 8 != 0 || s.cols < 8) s.stages = 1;
+  // The ring copies 16-byte chunks (8 columns of bf16/fp16, 4 of fp32); its static shared
+  // memory (24 B per thread and column, above) and the ring share the arch's limit.
+  const int chunk = csa_kernel::chunk_elements(static_cast<int>(c.dtype));
+  if (c.head_dim % chunk != 0 || s.cols < chunk) s.stages = 1;
   const int static_bytes = s.threads * s.vec * smem_per_value;
   while (s.stages > 1 &&
          static_bytes + long_window_shared_bytes(c, s) > shared_limit_for_arch(arch))

@@ -1,9 +1,10 @@
-// The long-window family's part of the service: preparing every bucket kernel of a
-// configuration, and the forward and backward launches.
+// The long-window family's backend: preparing every bucket kernel of a configuration, and
+// the forward and backward launches.
 #include <algorithm>
 #include <optional>
 
 #include "common/error.hpp"
+#include "compressor/grad_ape_policy.hpp"
 #include "compressor/launch_helpers.hpp"
 #include "compressor/service.hpp"
 #include "launch/launch.hpp"
@@ -13,17 +14,19 @@ namespace csa::compressor {
 using detail::device_ptr;
 using detail::fill_gradients;
 using detail::fill_inputs;
+using detail::fill_output;
 using detail::launch_ape_reduce;
 using detail::StreamScratch;
 
-ModuleSpec Service::long_window_spec(const Config& config, const std::string& arch,
-                                     const schedule::ScheduleSet& set,
+ModuleSpec Service::long_window_spec(const Config& config, int kernel_layout,
+                                     const std::string& arch, const schedule::ScheduleSet& set,
                                      std::vector<schedule::LongWindowSchedule>* forward,
                                      std::vector<schedule::LongWindowSchedule>* backward,
                                      LongWindowSlots* slots) const {
   *forward = set.kernels(config, Direction::kForward, arch);
   *backward = set.kernels(config, Direction::kBackward, arch);
-  return make_long_window_spec(config, *forward, *backward, arch, compile_options_, slots);
+  return make_long_window_spec(config, kernel_layout, *forward, *backward, arch, compile_options_,
+                               slots);
 }
 
 void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
@@ -120,7 +123,7 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   const PreparedBucket& b = bucket_for(p.long_forward, a.total_comp);
   csa_kernel::ForwardParams params{};
   fill_inputs(params, a);
-  params.out = static_cast<csa_u16*>(a.out);
+  fill_output(params, a);
   launch::LaunchShape shape;
   // One flat dimension, column slices fastest (kernels' ForwardTile).
   // NOTE: total_comp * slices < 2^31: validation keeps total_comp * head_dim below it.
@@ -137,7 +140,7 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   const Config& c = a.config;
   const std::int64_t ape_elems = static_cast<std::int64_t>(c.ratio) * c.coff * c.head_dim;
   const PreparedBucket& b = bucket_for(p.long_backward, a.total_comp);
-  const bool atomic = b.schedule.atomic_ape && (a.flags & kDeterministic) == 0;
+  const bool atomic = long_window_atomic(b.schedule, (a.flags & kDeterministic) != 0);
   const bool capturing = launch::is_capturing(d, stream);
   const auto grid =
       schedule::long_window_backward_grid(c, b.schedule, a.total_comp, p.device.sm_count,

@@ -1,0 +1,126 @@
+// The short-window and reference families' launches (the long-window family's are in
+// long_window_backend.cpp): one forward kernel; the backward in one launch adding grad_ape
+// atomically, or the fixed order's two (gradients with per-row-group partials, then their
+// reduction), as grad_ape_policy decides.
+#include <optional>
+
+#include "compressor/grad_ape_policy.hpp"
+#include "compressor/launch_helpers.hpp"
+#include "compressor/service.hpp"
+#include "csa_params.h"
+#include "launch/launch.hpp"
+
+namespace csa::compressor {
+
+using detail::blocks_for;
+using detail::device_ptr;
+using detail::fill_gradients;
+using detail::fill_inputs;
+using detail::fill_output;
+using detail::launch_ape_reduce;
+using detail::StreamScratch;
+
+namespace {
+
+constexpr unsigned kReferenceThreads = 256;
+
+}  // namespace
+
+void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream stream) {
+  if (p.family == Family::kLongWindow) {
+    forward_long(p, a, stream);
+    return;
+  }
+  csa_kernel::ForwardParams params{};
+  fill_inputs(params, a);
+  fill_output(params, a);
+  launch::LaunchShape shape;
+  if (p.family == Family::kReference) {
+    shape.grid_x = blocks_for(a.total_comp * a.config.head_dim, kReferenceThreads);
+    shape.block_x = kReferenceThreads;
+    launch::launch(driver(), p.kernel(kRefForward), shape, params, stream,
+                   "reference forward launch");
+    return;
+  }
+  const auto choice = schedule::forward_choice(p.schedule, a.config, a.total_comp);
+  const int ncv = a.config.head_dim / choice.vec;
+  shape.block_x = static_cast<unsigned>(choice.threads);
+  shape.programmatic = p.programmatic;
+  shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
+  const int slot = choice.wide ? kSwForwardWide : kSwForward;
+  launch::launch(driver(), p.kernel(slot), shape, params, stream, "forward launch");
+}
+
+void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream stream) {
+  if (p.family == Family::kLongWindow) {
+    backward_long(p, a, stream);
+    return;
+  }
+  driver::Driver& d = driver();
+  const Config& c = a.config;
+  const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
+  const std::int64_t ape_elems = c.ratio * width;
+  const bool accumulate = (a.flags & kAccumulateGradApe) != 0;
+
+  csa_kernel::BackwardParams params{};
+  fill_inputs(params, a);
+  fill_gradients(params, a);
+  params.accumulate = accumulate ? 1 : 0;
+
+  if (p.family == Family::kReference) {
+    launch::LaunchShape shape;
+    shape.block_x = kReferenceThreads;
+    if (a.total_tokens > 0) {
+      shape.grid_x = blocks_for(a.total_tokens * width, kReferenceThreads);
+      launch::launch(d, p.kernel(kRefBackwardZeros), shape, params, stream,
+                     "reference backward zeros launch");
+    }
+    if (a.total_comp > 0) {
+      shape.grid_x = blocks_for(a.total_comp * c.head_dim, kReferenceThreads);
+      launch::launch(d, p.kernel(kRefBackwardRows), shape, params, stream,
+                     "reference backward launch");
+    }
+    shape.grid_x = blocks_for(ape_elems, kReferenceThreads);
+    launch::launch(d, p.kernel(kRefGradApe), shape, params, stream, "reference grad_ape launch");
+    return;
+  }
+
+  const auto& s = p.schedule;
+  const auto grid =
+      schedule::backward_grid(s, c, a.total_comp, p.device.sm_count, p.backward_resident_ctas);
+  params.rows_per_cta = grid.rows_per_cta;
+  launch::LaunchShape shape;
+  shape.grid_x = static_cast<unsigned>(grid.grid_x);
+  shape.grid_y = static_cast<unsigned>(grid.grid_y);
+  shape.block_x = static_cast<unsigned>(s.backward_tx);
+  shape.block_y = static_cast<unsigned>(s.backward_ty);
+  shape.programmatic = p.programmatic;
+  const bool deterministic = (a.flags & kDeterministic) != 0;
+  const bool capturing = launch::is_capturing(d, stream);
+  // One launch instead of two (one_launch): the atomic form, which zeroes grad_ape itself
+  // through claim words; captured, where claim words are left (and a CTA has at least
+  // captured_one_launch_min rows x slots of work: 0, always, by default).
+  bool fixed_order =
+      short_window_fixed_order(s, deterministic, capturing, grid.rows_per_cta, c.ratio * c.coff);
+  if (!fixed_order) {
+    // The claim words are per column block (x).
+    const CUdeviceptr words = accumulate ? 0 : scratch_.claim_words(grid.grid_x, capturing, stream);
+    if (words != 0 || accumulate || !s.fixed_order_default) {
+      prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
+      launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
+      return;
+    }
+    fixed_order = true;
+  }
+  const std::size_t workspace_bytes =
+      static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float);
+  CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
+  std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
+  if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
+  params.workspace = device_ptr<float>(workspace);
+  launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
+  launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
+                    {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream);
+}
+
+}  // namespace csa::compressor
