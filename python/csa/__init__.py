@@ -8,6 +8,7 @@ behind it are ``torch.ops.csa.compress_forward`` and ``torch.ops.csa.compress_ba
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Optional, Union
 
 import torch
@@ -21,35 +22,42 @@ __all__ = ["compress", "compress_backward", "prewarm", "version", "info", "Error
            "LibraryError", "__version__"]
 
 
-def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
-             cu_seqlens_comp: Tensor, *, ratio: int, coff: int,
+def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor] = None,
+             cu_seqlens_comp: Optional[Tensor] = None, *, ratio: int, coff: int,
              total_comp: Optional[int] = None) -> Tensor:
     """Gated-softmax pooling of every ``ratio`` tokens into one compressed row.
 
     Args:
-        kv, score: ``(T, coff*head_dim)`` or ``(T, 1, coff*head_dim)`` bf16, contiguous.
+        kv, score: THD ``(T, coff*head_dim)`` or ``(T, 1, coff*head_dim)`` with offsets, or
+            SBHD ``(S, B, coff*head_dim)`` without (every batch column one sequence); bf16,
+            fp16 or fp32 (both the same), unit stride in the last dimension, rows any
+            aligned distance apart (a slice of a fused projection's output works as is).
         ape: ``(ratio, coff*head_dim)`` fp32 position bias.
-        cu_seqlens: ``(B+1,)`` int32 token offsets of the B segments.
+        cu_seqlens: ``(B+1,)`` int32 token offsets of the B segments (THD; None for SBHD).
         cu_seqlens_comp: ``(B+1,)`` int32 row offsets; ``cuc[s+1] - cuc[s]`` is the segment's
-            length // ratio.
+            length // ratio (THD; None for SBHD).
         ratio: tokens pooled per row, 1..256.
         coff: 2 for the overlapping window (the previous block's first half and the own
             block's second half of the columns), 1 for the own block only.
         total_comp: rows of the output (a static capacity: rows past ``cu_seqlens_comp[-1]``
             are padding rows). None reads ``cu_seqlens_comp[-1]`` (one synchronisation; not
-            allowed while a CUDA graph is being captured).
+            allowed while a CUDA graph is being captured). SBHD: ``(S // ratio) * B``, its only
+            value, which None gives without a synchronisation.
 
     Returns:
-        ``(total_comp, head_dim)`` bf16, or ``(total_comp, 1, head_dim)`` for rank-3 inputs.
+        ``(total_comp, head_dim)``, ``(total_comp, 1, head_dim)`` for rank-3 THD inputs, or
+        ``(S // ratio, B, head_dim)`` for SBHD, in kv's dtype.
         Differentiable in kv, score and ape; under
         ``torch.use_deterministic_algorithms(True)`` ape's gradient is summed in a fixed
         order (bitwise run to run).
     """
-    if total_comp is None:
+    if total_comp is None and cu_seqlens_comp is not None:
         total_comp = _static_rows(cu_seqlens_comp)
     # Checked first, so that a wrong argument is a TypeError / ValueError naming it rather
     # than the dispatcher's schema error.
     shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
+    if shape.sbhd:
+        total_comp = _checks.sbhd_rows(shape, ratio, total_comp)
     _checks.total_comp(total_comp)
     if torch.compiler.is_compiling() or type(kv) is not Tensor or not kv.is_cuda:
         return torch.ops.csa.compress_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio,
@@ -62,7 +70,8 @@ def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
 
 
 def compress_backward(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
-                      cu_seqlens: Tensor, cu_seqlens_comp: Tensor, *, ratio: int, coff: int,
+                      cu_seqlens: Optional[Tensor] = None,
+                      cu_seqlens_comp: Optional[Tensor] = None, *, ratio: int, coff: int,
                       deterministic: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
     """The backward of :func:`compress` on its own, for code that drives its own autograd
     (a custom ``torch.autograd.Function``): ``(grad_kv, grad_score, grad_ape)`` from
@@ -99,11 +108,19 @@ def _static_rows(cu_seqlens_comp: object) -> int:
 
 
 def prewarm(*, ratio: Optional[int] = None, coff: Optional[int] = None,
-            head_dim: Optional[int] = None,
+            head_dim: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
+            layout: str = "thd", strided: bool = False,
             device: Union[int, torch.device, None] = None) -> list[dict[str, int]]:
     """Compiles (or loads from the kernel cache) every kernel of one configuration, or of the
     production set when none is given, for a device (default: the current one). Do it before
-    capturing CUDA graphs. Returns the configurations prewarmed."""
+    capturing CUDA graphs. ``dtype`` (bf16, fp16, fp32) and ``layout`` ("thd", "sbhd") pick
+    the kernels; ``strided`` adds those of THD inputs with row strides (views). Returns the
+    configurations prewarmed."""
+    if dtype not in _checks.DTYPES:
+        raise TypeError(f"dtype must be torch.bfloat16, torch.float16 or torch.float32, got "
+                        f"{dtype}")
+    if layout not in ("thd", "sbhd"):
+        raise ValueError(f"layout must be 'thd' or 'sbhd', got {layout!r}")
     given = [x is not None for x in (ratio, coff, head_dim)]
     if any(given) and not all(given):
         raise ValueError("prewarm takes ratio, coff and head_dim together, or none of them "
@@ -127,8 +144,17 @@ def prewarm(*, ratio: Optional[int] = None, coff: Optional[int] = None,
     else:
         raise TypeError(f"device must be an int or a torch.device, got {type(device).__name__}")
     lib = _lib.library()
+    plain = dtype is torch.bfloat16 and layout == "thd" and not strided
     for c in configs:
-        _lib.check(lib.csa_prewarm(c["ratio"], c["head_dim"], c["coff"], index))
+        if plain:
+            _lib.check(lib.csa_prewarm(c["ratio"], c["head_dim"], c["coff"], index))
+            continue
+        a = _lib.CompressorArgs()
+        a.struct_size = _lib.ARGS_SIZE
+        a.ratio, a.head_dim, a.coff = c["ratio"], c["head_dim"], c["coff"]
+        a.dtype, a.layout = _checks.DTYPES[dtype], 1 if layout == "sbhd" else 0
+        a.kv_stride = 1 if strided else 0  # any nonzero stride: the strided kernels too
+        _lib.check(lib.csa_prewarm_ex(ctypes.byref(a), index))
     return configs
 
 

@@ -97,6 +97,26 @@ _I32 = ctypes.c_int32
 _I64 = ctypes.c_int64
 _U32 = ctypes.c_uint32
 
+class CompressorArgs(ctypes.Structure):
+    """``csa_compressor_args`` of csa.h (the versioned arguments of the ``_ex`` calls)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint64),
+        ("ratio", _I32), ("head_dim", _I32), ("coff", _I32), ("dtype", _I32), ("layout", _I32),
+        ("flags", _U32),
+        ("total_tokens", _I64), ("total_comp", _I64), ("seq_len", _I64),
+        ("num_segments", _I32), ("reserved", _I32),
+        ("kv_stride", _I64), ("score_stride", _I64), ("out_stride", _I64),
+        ("grad_out_stride", _I64), ("grad_kv_stride", _I64), ("grad_score_stride", _I64),
+        ("kv", _P), ("score", _P), ("ape", _P), ("cu_seqlens", _P), ("cu_seqlens_comp", _P),
+        ("out", _P), ("grad_out", _P), ("grad_kv", _P), ("grad_score", _P), ("grad_ape", _P),
+    ]
+
+
+ARGS_SIZE = ctypes.sizeof(CompressorArgs)
+assert ARGS_SIZE == 192, "csa_compressor_args changed: CSA_COMPRESSOR_ARGS_SIZE_V1 is 192"
+_ARGS_P = ctypes.POINTER(CompressorArgs)
+
 _SIGNATURES: dict[str, tuple[Any, Sequence[Any]]] = {
     "csa_compressor_forward": (
         ctypes.c_int, [_P, _P, _P, _P, _P, _P, _I64, _I32, _I64, _I32, _I32, _I32, _P]),
@@ -104,6 +124,9 @@ _SIGNATURES: dict[str, tuple[Any, Sequence[Any]]] = {
         ctypes.c_int,
         [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I64, _I32, _I64, _I32, _I32, _I32, _U32, _P]),
     "csa_prewarm": (ctypes.c_int, [_I32, _I32, _I32, ctypes.c_int]),
+    "csa_compressor_forward_ex": (ctypes.c_int, [_ARGS_P, _P]),
+    "csa_compressor_backward_ex": (ctypes.c_int, [_ARGS_P, _P]),
+    "csa_prewarm_ex": (ctypes.c_int, [_ARGS_P, ctypes.c_int]),
     "csa_set_device": (ctypes.c_int, [_I32]),
     "csa_last_error": (ctypes.c_char_p, []),
     "csa_version": (ctypes.c_char_p, []),

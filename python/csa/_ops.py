@@ -4,6 +4,7 @@ and autograd; and the eager fast path that calls the same implementations direct
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Optional
 
@@ -25,7 +26,7 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):
     _raw_stream = torch._C._cuda_getCurrentRawStream  # noqa: F811  # the same, without a Stream
 
 
-def _launch(index: Optional[int], entry: str, *args: int) -> None:
+def _launch(index: Optional[int], entry: str, *args: object) -> None:
     """Calls the C ABI entry with the current stream of device `index`, that device current
     (the C ABI launches in the calling thread's current context)."""
     lib = _lib.library()
@@ -46,21 +47,51 @@ def _launch(index: Optional[int], entry: str, *args: int) -> None:
     _lib.check(getattr(lib, entry)(*args, _raw_stream(index)))
 
 
-def _out_shape(shape: _checks.Shape, total_comp: int) -> tuple[int, ...]:
-    return (total_comp, 1, shape.head_dim) if shape.rank3 else (total_comp, shape.head_dim)
+def _args(shape: _checks.Shape, ratio: int, coff: int, total_comp: int, kv: Tensor,
+          score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor],
+          cu_seqlens_comp: Optional[Tensor]) -> _lib.CompressorArgs:
+    """The versioned arguments of a call the original entry points cannot take (another
+    element type, SBHD, row strides)."""
+    a = _lib.CompressorArgs()
+    a.struct_size = _lib.ARGS_SIZE
+    a.ratio, a.head_dim, a.coff = ratio, shape.head_dim, coff
+    a.dtype, a.layout = shape.dtype, 1 if shape.sbhd else 0
+    a.total_tokens, a.total_comp, a.seq_len = shape.tokens, total_comp, shape.seq_len
+    a.num_segments = shape.segments
+    a.kv_stride, a.score_stride = shape.kv_stride, shape.score_stride
+    a.kv, a.score, a.ape = kv.data_ptr(), score.data_ptr(), ape.data_ptr()
+    if cu_seqlens is not None and cu_seqlens_comp is not None:
+        a.cu_seqlens, a.cu_seqlens_comp = cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr()
+    return a
 
 
-def forward_impl(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
-                 cu_seqlens_comp: Tensor, ratio: int, coff: int, total_comp: int,
+def _offsets(cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor]) -> dict[str, int]:
+    if cu_seqlens is None or cu_seqlens_comp is None:
+        return {}
+    return {"cu_seqlens": cu_seqlens.data_ptr(), "cu_seqlens_comp": cu_seqlens_comp.data_ptr()}
+
+
+def forward_impl(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor],
+                 cu_seqlens_comp: Optional[Tensor], ratio: int, coff: int, total_comp: int,
                  launch: bool = True, shape: Optional[_checks.Shape] = None) -> Tensor:
     """``launch`` False: the fake implementation (outputs' metadata only). ``shape``: the
     inputs were checked already."""
     if shape is None:
         shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
         _checks.total_comp(total_comp)
-    out = kv.new_empty(_out_shape(shape, total_comp))
+        if shape.sbhd:
+            _checks.sbhd_rows(shape, ratio, total_comp)
+    out = kv.new_empty(_checks.out_shape(shape, total_comp))
     if not launch or total_comp == 0 or not kv.is_cuda:
         return out
+    if not shape.plain:
+        a = _args(shape, ratio, coff, total_comp, kv, score, ape, cu_seqlens, cu_seqlens_comp)
+        a.out = out.data_ptr()
+        _checks.aligned({"kv": a.kv, "score": a.score, "ape": a.ape}, _offsets(cu_seqlens,
+                                                                             cu_seqlens_comp))
+        _launch(kv.device.index, "csa_compressor_forward_ex", ctypes.byref(a))
+        return out
+    assert cu_seqlens is not None and cu_seqlens_comp is not None
     ptrs = (kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(),
             cu_seqlens_comp.data_ptr(), out.data_ptr())
     _checks.aligned({"kv": ptrs[0], "score": ptrs[1], "ape": ptrs[2]},
@@ -70,21 +101,35 @@ def forward_impl(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
     return out
 
 
-def backward_impl(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
-                  cu_seqlens_comp: Tensor, ratio: int, coff: int, deterministic: bool,
-                  launch: bool = True,
+def backward_impl(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
+                  cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor], ratio: int,
+                  coff: int, deterministic: bool, launch: bool = True,
                   shape: Optional[_checks.Shape] = None) -> tuple[Tensor, Tensor, Tensor]:
     if shape is None:
         shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
-    total_comp = grad_out.shape[0] if isinstance(grad_out, Tensor) and grad_out.dim() else 0
+    if shape.sbhd:
+        total_comp = (shape.seq_len // ratio) * shape.segments
+    else:
+        total_comp = grad_out.shape[0] if isinstance(grad_out, Tensor) and grad_out.dim() else 0
     _checks.grad_out(grad_out, shape, total_comp, kv.device)
     # Every element of the three gradients is written by the kernels (exact zeros where
-    # nothing is consumed; grad_ape overwritten): uninitialised memory is fine.
-    grad_kv = torch.empty_like(kv)
-    grad_score = torch.empty_like(score)
+    # nothing is consumed; grad_ape overwritten): uninitialised memory is fine. Dense, whatever
+    # the inputs' row strides.
+    grad_kv = kv.new_empty(kv.shape)
+    grad_score = score.new_empty(score.shape)
     grad_ape = torch.empty_like(ape)
     if not launch or not kv.is_cuda:
         return grad_kv, grad_score, grad_ape
+    if not shape.plain:
+        a = _args(shape, ratio, coff, total_comp, kv, score, ape, cu_seqlens, cu_seqlens_comp)
+        a.grad_out, a.grad_kv = grad_out.data_ptr(), grad_kv.data_ptr()
+        a.grad_score, a.grad_ape = grad_score.data_ptr(), grad_ape.data_ptr()
+        a.flags = _lib.DETERMINISTIC if deterministic else 0
+        _checks.aligned({"kv": a.kv, "score": a.score, "ape": a.ape, "grad_out": a.grad_out},
+                        _offsets(cu_seqlens, cu_seqlens_comp))
+        _launch(kv.device.index, "csa_compressor_backward_ex", ctypes.byref(a))
+        return grad_kv, grad_score, grad_ape
+    assert cu_seqlens is not None and cu_seqlens_comp is not None
     ptrs = (kv.data_ptr(), score.data_ptr(), ape.data_ptr(), cu_seqlens.data_ptr(),
             cu_seqlens_comp.data_ptr(), grad_out.data_ptr(), grad_kv.data_ptr(),
             grad_score.data_ptr(), grad_ape.data_ptr())
@@ -97,16 +142,17 @@ def backward_impl(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor, cu_s
 
 
 @torch.library.custom_op("csa::compress_forward", mutates_args=(), device_types="cuda")
-def compress_forward(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
-                     cu_seqlens_comp: Tensor, ratio: int, coff: int, total_comp: int) -> Tensor:
+def compress_forward(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor],
+                     cu_seqlens_comp: Optional[Tensor], ratio: int, coff: int,
+                     total_comp: int) -> Tensor:
     """The pooled rows ``(total_comp, head_dim)`` (``(total_comp, 1, head_dim)`` for rank-3
-    kv) of a THD pack."""
+    kv) of a THD pack, or ``(S // ratio, B, head_dim)`` of SBHD kv (offsets None)."""
     return forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, total_comp)
 
 
 @compress_forward.register_fake
-def _compress_forward_fake(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
-                           cu_seqlens_comp: Tensor, ratio: int, coff: int,
+def _compress_forward_fake(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor],
+                           cu_seqlens_comp: Optional[Tensor], ratio: int, coff: int,
                            total_comp: int) -> Tensor:
     return forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff, total_comp,
                         launch=False)
@@ -114,7 +160,8 @@ def _compress_forward_fake(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: T
 
 @torch.library.custom_op("csa::compress_backward", mutates_args=(), device_types="cuda")
 def compress_backward(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
-                      cu_seqlens: Tensor, cu_seqlens_comp: Tensor, ratio: int, coff: int,
+                      cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor],
+                      ratio: int, coff: int,
                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(grad_kv, grad_score, grad_ape)``; ``deterministic``: grad_ape in a fixed order."""
     return backward_impl(grad_out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff,
@@ -123,7 +170,8 @@ def compress_backward(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
 
 @compress_backward.register_fake
 def _compress_backward_fake(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
-                            cu_seqlens: Tensor, cu_seqlens_comp: Tensor, ratio: int, coff: int,
+                            cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor],
+                            ratio: int, coff: int,
                             deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
     return backward_impl(grad_out, kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff,
                          deterministic, launch=False)
@@ -158,8 +206,8 @@ class EagerCompress(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, kv: Tensor, score: Tensor,
-                ape: Tensor, cu_seqlens: Tensor, cu_seqlens_comp: Tensor, ratio: int, coff: int,
-                total_comp: int, shape: _checks.Shape) -> Tensor:
+                ape: Tensor, cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor],
+                ratio: int, coff: int, total_comp: int, shape: _checks.Shape) -> Tensor:
         ctx.save_for_backward(kv, score, ape, cu_seqlens, cu_seqlens_comp)
         ctx.ratio = ratio
         ctx.coff = coff

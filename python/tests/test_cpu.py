@@ -19,12 +19,12 @@ from helpers import make_pack
 def test_ops_are_registered_with_their_schemas() -> None:
     fwd = str(torch.ops.csa.compress_forward.default._schema)
     bwd = str(torch.ops.csa.compress_backward.default._schema)
-    assert fwd == ("csa::compress_forward(Tensor kv, Tensor score, Tensor ape, Tensor cu_seqlens, "
-                   "Tensor cu_seqlens_comp, SymInt ratio, SymInt coff, SymInt total_comp) -> "
-                   "Tensor"), fwd
+    assert fwd == ("csa::compress_forward(Tensor kv, Tensor score, Tensor ape, Tensor? "
+                   "cu_seqlens, Tensor? cu_seqlens_comp, SymInt ratio, SymInt coff, SymInt "
+                   "total_comp) -> Tensor"), fwd
     assert bwd.startswith("csa::compress_backward(Tensor grad_out, Tensor kv, Tensor score, "
-                          "Tensor ape, Tensor cu_seqlens, Tensor cu_seqlens_comp, SymInt ratio, "
-                          "SymInt coff, bool deterministic) -> (Tensor, Tensor, Tensor)"), bwd
+                          "Tensor ape, Tensor? cu_seqlens, Tensor? cu_seqlens_comp, SymInt "
+                          "ratio, SymInt coff, bool deterministic) -> (Tensor, Tensor, Tensor)"), bwd
 
 
 @pytest.mark.parametrize("rank3", [False, True])
@@ -89,10 +89,14 @@ def expect(error: type[Exception], needle: str, **changes: object) -> None:
 def test_argument_errors_name_the_argument() -> None:
     m = dict(device="meta")
     expect(TypeError, "kv must be a torch.Tensor", kv=[1, 2])
-    expect(TypeError, "kv must be a torch.bfloat16 tensor, got torch.float16",
-           kv=torch.empty(26, 64, dtype=torch.float16, **m))
+    expect(TypeError, "kv must be a torch.bfloat16, torch.float16 or torch.float32 tensor, got "
+           "torch.float64", kv=torch.empty(26, 64, dtype=torch.float64, **m))
     expect(TypeError, "score must be a torch.bfloat16",
            score=torch.empty(26, 64, dtype=torch.float32, **m))
+    expect(TypeError, "score must be a torch.float16 tensor, got torch.bfloat16",
+           kv=torch.empty(26, 64, dtype=torch.float16, **m))
+    expect(ValueError, "given together", cu_seqlens=None)
+    expect(ValueError, "without cu_seqlens kv is SBHD", cu_seqlens=None, cu_seqlens_comp=None)
     expect(TypeError, "ape must be a torch.float32", ape=torch.empty(4, 64, dtype=torch.bfloat16,
                                                                      **m))
     expect(TypeError, "cu_seqlens must be a torch.int32",
@@ -123,9 +127,24 @@ def test_argument_errors_name_the_argument() -> None:
            cu_seqlens_comp=torch.zeros(3, dtype=torch.int32))
     expect(ValueError, "score is on cpu but kv is on meta",
            score=torch.empty(26, 64, dtype=torch.bfloat16))
-    expect(ValueError, "kv must be contiguous",
+    expect(ValueError, "kv's last dimension must be unit-stride",
            kv=torch.empty(64, 26, dtype=torch.bfloat16, **m).t(),
            score=torch.empty(64, 26, dtype=torch.bfloat16, **m).t())
+    # Rows 68 elements apart: not a multiple of the 8 elements bf16 rows of head_dim 32 are
+    # read with; 72 is fine (the half of a fused (T, 2W) output is the common case).
+    expect(ValueError, "kv's rows are 68 elements apart",
+           kv=torch.empty(26, 68, dtype=torch.bfloat16, **m)[:, :64])
+    expect(ValueError, "score's rows are 68 elements apart",
+           score=torch.empty(26, 68, dtype=torch.bfloat16, **m)[:, :64])
+    expect(ValueError, "ape must be contiguous", ape=torch.empty(64, 4, **m).t())
+    sbhd = dict(cu_seqlens=None, cu_seqlens_comp=None, total_comp=None)
+    expect(ValueError, "must be evenly spaced",
+           kv=torch.empty(13, 4, 64, dtype=torch.bfloat16, **m).transpose(0, 1),
+           score=torch.empty(13, 4, 64, dtype=torch.bfloat16, **m).transpose(0, 1), **sbhd)
+    expect(ValueError, "total_comp of SBHD inputs \\(S=13, B=2\\) is \\(S // ratio\\) \\* B = 6, "
+           "got 5", kv=torch.empty(13, 2, 64, dtype=torch.bfloat16, **m),
+           score=torch.empty(13, 2, 64, dtype=torch.bfloat16, **m), cu_seqlens=None,
+           cu_seqlens_comp=None, total_comp=5)
     expect(ValueError, "head_dim = kv.shape\\[-1\\] / coff = 4097",
            kv=torch.empty(26, 8194, dtype=torch.bfloat16, **m),
            score=torch.empty(26, 8194, dtype=torch.bfloat16, **m))
@@ -200,6 +219,28 @@ def test_the_megatron_example_traces_on_the_meta_device() -> None:
     y = fn(x)
     assert y.shape == (cap, 1, 128)
     y.float().sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_types_layouts_and_row_strides_infer_shapes_both_ways(dtype: torch.dtype) -> None:
+    ratio, coff, d = 4, 2, 64
+    width = coff * d
+    ape = torch.empty(ratio, width, device="meta", requires_grad=True)
+    # SBHD (S, B, W) -> (S // ratio, B, d); the output rows come without offsets.
+    kv = torch.empty(37, 3, width, dtype=dtype, device="meta", requires_grad=True)
+    score = torch.empty(37, 3, width, dtype=dtype, device="meta", requires_grad=True)
+    out = csa.compress(kv, score, ape, ratio=ratio, coff=coff)
+    assert out.shape == (9, 3, d) and out.dtype == dtype
+    out.backward(torch.empty_like(out))
+    assert kv.grad.shape == kv.shape and kv.grad.dtype == dtype and ape.grad.shape == ape.shape
+    # THD halves of one fused projection output (T, 2W): row-strided views.
+    fused = torch.empty(50, 2 * width, dtype=dtype, device="meta", requires_grad=True)
+    kv_view, score_view = fused.split(width, dim=-1)
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    out = csa.compress(kv_view, score_view, ape, cu, cu, ratio=ratio, coff=coff, total_comp=12)
+    assert out.shape == (12, d) and out.dtype == dtype
+    out.backward(torch.empty_like(out))
+    assert fused.grad.shape == fused.shape and fused.grad.dtype == dtype
 
 
 def test_compress_backward_infers_the_gradients_shapes() -> None:

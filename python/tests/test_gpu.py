@@ -43,10 +43,10 @@ def csa_pass(p: Pack, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return out.detach(), kv.grad, score.grad, ape.grad
 
 
-def eager_pass(p: Pack, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def eager_pass(p: Pack, g: torch.Tensor, serial: bool = False) -> tuple[torch.Tensor, ...]:
     kv, score, ape = (t.detach().clone().requires_grad_(True) for t in (p.kv, p.score, p.ape))
     out = compress_eager(kv, score, ape, p.cu_seqlens, p.cu_seqlens_comp, ratio=p.ratio,
-                         coff=p.coff, total_comp=p.total_comp)
+                         coff=p.coff, total_comp=p.total_comp, serial=serial)
     masked = g.clone()
     masked[p.rows:] = 0  # csa ignores gradients on padding rows; downstream gives them none
     out.backward(masked)
@@ -86,16 +86,17 @@ def test_short_window_matches_the_eager_region(ratio: int, coff: int, head_dim: 
     g = grad_for(p)
     out, gkv, gs, gape = csa_pass(p, g)
     ref_out, ref_gkv, ref_gs, ref_gape = eager_pass(p, g)
+    serial_out = eager_pass(p, g, serial=True)[0]
     assert_written(out, gkv, gs, gape)
     where = p.describe()
-    # Padding rows (block 0 of a segment at token 0) repeat one row: counted once.
-    assert beyond_one_step(out[p.rows:], ref_out[p.rows:]) == 0, where
-    out, ref_out = out[:p.rows + 1], ref_out[:p.rows + 1]
+    # out: bitwise against the region summed in the contract's (serial) order; within one bf16
+    # step of torch's softmax / .sum order, which rounds differently on a few elements (more
+    # of them the wider the window: ~0.013 % at ratio 16, coff 2).
+    assert torch.equal(out, serial_out), f"out: {differing(out, serial_out)} differ from the " \
+        f"serial-order region, {where}"
+    assert beyond_one_step(out, ref_out) == 0, where
     assert torch.equal(gkv, ref_gkv), f"grad_kv not bitwise: {differing(gkv, ref_gkv)} {where}"
     assert torch.equal(gs, ref_gs), f"grad_score not bitwise: {differing(gs, ref_gs)} {where}"
-    n = differing(out, ref_out)
-    assert n <= max(1, math.ceil(1e-4 * out.numel())), f"out: {n} differ, {where}"
-    assert beyond_one_step(out, ref_out) == 0, where
     assert (gape - ref_gape).abs().max().item() <= 1e-3, where
 
 
