@@ -128,11 +128,13 @@ __device__ __forceinline__ void zero_tokens(const BackwardParams& p, const Token
   for (int i = tid; i < count * halves * COLS; i += THREADS) {
     const int c = i % COLS;
     const int h = (i / COLS) % halves;
-    const long long row = first_row + static_cast<long long>(i / (COLS * halves)) * step;
     if (col0 + c >= HEAD_DIM) continue;
+    // NOTE: 32-bit: a token row's elements end below 2^31 (validation bounds every tensor's
+    // span), and 64-bit offsets here spilled the 64-register ring backwards.
+    const int row = static_cast<int>(first_row) + (i / (COLS * halves)) * step;
     const int col = h * HEAD_DIM + col0 + c;
-    grad_kv[row * gk.stride + col] = 0;
-    grad_score[row * gs.stride + col] = 0;
+    grad_kv[row * static_cast<int>(gk.stride) + col] = 0;
+    grad_score[row * static_cast<int>(gs.stride) + col] = 0;
   }
 }
 
