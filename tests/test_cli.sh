@@ -34,6 +34,11 @@ usage --shape bench --shape 4,2,512
 usage --shape bench --shape ratio=4,coff=2,head_dim=4097,pack=1x4096
 usage --direction bench --direction sideways
 usage --reps bench --reps 0
+usage --dtype prewarm --dtype fp64 --arch sm_90
+usage --layout prewarm --layout bshd --arch sm_90
+usage --dtype bench --dtype half
+usage --stride bench --stride -8
+usage --layout schedule select --ratio 4 --coff 2 --head-dim 128 --rows 1 --arch sm_90 --layout x
 usage --arch schedule show --arch bogus
 usage --rows schedule select --ratio 4 --coff 2 --head-dim 128
 usage --ratio schedule select --ratio 300 --coff 2 --head-dim 128 --rows 1 --arch sm_90
