@@ -61,9 +61,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   csa::Config c{in.ConsumeIntegral<std::int32_t>(), in.ConsumeIntegral<std::int32_t>(),
                 in.ConsumeIntegral<std::int32_t>()};
   if (in.ConsumeBool()) c = kPrepared[in.ConsumeIntegralInRange<std::size_t>(0, 2)];
+  // Element type and layout: any value (most invalid); valid ones keep their layout, and map
+  // onto bf16 so that each prepared configuration compiles once per layout.
+  const auto dtype = static_cast<csa::DType>(in.ConsumeIntegralInRange<std::int32_t>(-1, 3));
+  const auto layout = static_cast<csa::Layout>(in.ConsumeIntegralInRange<std::int32_t>(-1, 2));
+  c.dtype = dtype;
+  c.layout = layout;
   try {
     csa::compressor::validate_config(c);
     c = kPrepared[static_cast<std::size_t>(c.ratio + c.head_dim + c.coff) % kPrepared.size()];
+    c.layout = layout;
   } catch (const csa::Error&) {  // NOLINT(bugprone-empty-catch): kept invalid on purpose
   }
   csa::BackwardArgs b;
@@ -83,6 +90,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   b.config = c;
   b.flags = in.ConsumeBool() ? in.ConsumeIntegral<std::uint32_t>()
                              : in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
+  b.seq_len = size(in);
+  b.kv_stride = size(in);
+  b.score_stride = in.ConsumeBool() ? b.kv_stride : size(in);
+  b.grad_out_stride = size(in);
+  b.grad_kv_stride = size(in);
+  b.grad_score_stride = in.ConsumeBool() ? b.grad_kv_stride : size(in);
   csa::ForwardArgs f;
   f.kv = b.kv;
   f.score = b.score;
@@ -94,6 +107,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   f.num_segments = b.num_segments;
   f.total_comp = b.total_comp;
   f.config = c;
+  f.seq_len = b.seq_len;
+  f.kv_stride = b.kv_stride;
+  f.score_stride = b.score_stride;
+  f.out_stride = b.grad_out_stride;
   const auto family = in.ConsumeBool() ? csa::Family::kAuto : csa::Family::kReference;
   state().capturing = in.ConsumeBool();
   state().current_device = in.ConsumeIntegralInRange<int>(0, 1);
@@ -110,9 +127,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       case 2: {
         state().capturing = false;  // a plan is prepared outside capture
-        const auto record = service.record(c, family, state().current_device);
+        const auto record = service.record(c, csa::compressor::kernel_layout(f), family,
+                                           state().current_device);
         service.forward_with(*record, f, stream);
-        service.backward_with(*record, b, stream);
+        if (csa::compressor::kernel_layout(b) == record->kernel_layout)
+          service.backward_with(*record, b, stream);
         break;
       }
       case 3: {
@@ -128,6 +147,37 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                       b.grad_out, b.grad_kv, b.grad_score, b.grad_ape,
                                       b.total_tokens, b.num_segments, b.total_comp, c.ratio,
                                       c.head_dim, c.coff, b.flags, stream));
+        // The versioned struct, with a size the fuzzer may get wrong.
+        csa_compressor_args a{};
+        a.struct_size = in.ConsumeBool() ? sizeof a : in.ConsumeIntegral<std::uint64_t>();
+        a.ratio = c.ratio;
+        a.head_dim = c.head_dim;
+        a.coff = c.coff;
+        a.dtype = static_cast<std::int32_t>(dtype);
+        a.layout = static_cast<std::int32_t>(layout);
+        a.flags = b.flags;
+        a.total_tokens = b.total_tokens;
+        a.total_comp = b.total_comp;
+        a.seq_len = b.seq_len;
+        a.num_segments = b.num_segments;
+        a.kv_stride = b.kv_stride;
+        a.score_stride = b.score_stride;
+        a.grad_out_stride = b.grad_out_stride;
+        a.grad_kv_stride = b.grad_kv_stride;
+        a.grad_score_stride = b.grad_score_stride;
+        a.kv = b.kv;
+        a.score = b.score;
+        a.ape = b.ape;
+        a.cu_seqlens = b.cu_seqlens;
+        a.cu_seqlens_comp = b.cu_seqlens_comp;
+        a.out = f.out;
+        a.grad_out = b.grad_out;
+        a.grad_kv = b.grad_kv;
+        a.grad_score = b.grad_score;
+        a.grad_ape = b.grad_ape;
+        clean(csa_compressor_backward_ex(&a, stream));
+        a.flags = 0;
+        clean(csa_compressor_forward_ex(&a, stream));
         break;
       }
       default:
