@@ -127,8 +127,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         break;
       case 2: {
         state().capturing = false;  // a plan is prepared outside capture
-        const auto record = service.record(c, csa::compressor::kernel_layout(f), family,
-                                           state().current_device);
+        const auto record =
+            service.record(c, csa::compressor::kernel_layout(f), family, state().current_device);
         service.forward_with(*record, f, stream);
         if (csa::compressor::kernel_layout(b) == record->kernel_layout)
           service.backward_with(*record, b, stream);
