@@ -57,6 +57,22 @@ echo '{"schema_version": 1, "arch": "sm_90", "entries": [[1]]}' >"$work/t.json"
 out=$("$csa" schedule validate "$work/t.json" 2>&1)
 if [ $? -eq 1 ] && grep -qF "entries[0]: must be an object" <<<"$out"; then ok; else bad "validate: $out"; fi
 
+# schedule select follows an entry keyed on the element type to the calls of that type only.
+cat >"$work/keyed.json" <<'JSON'
+{"schema_version": 1, "arch": "sm_90", "entries": [
+ {"family": "long_window", "direction": "forward", "coff": 1, "head_dim": [1, 4096],
+  "ratio": [17, 256], "dtype": "fp32", "buckets": [{"max_rows": null, "vec": 2, "cols": 16,
+  "threads": 256, "serial": false, "fast_exp": true}]}]}
+JSON
+select_keyed() {
+  CSA_SCHEDULE_FILE=$work/keyed.json "$csa" schedule select --ratio 128 --coff 1 --head-dim 512 \
+    --rows 4096 --arch sm_90 --direction fwd --json "$@" |
+    python3 -c 'import json, sys; t = json.load(sys.stdin)["choices"][0]["table"]; print(t and t["dtype"])'
+}
+if [ "$(select_keyed --dtype fp32)" = fp32 ] && [ "$(select_keyed)" != fp32 ]; then ok; else
+  bad "schedule select: the fp32-keyed entry: $(select_keyed --dtype fp32) / $(select_keyed)"
+fi
+
 # Pure JSON on stdout wherever JSON is offered.
 for cmd in "info --json" "cache info --json" "schedule show" "schedule show --arch sm_90" \
   "schedule select --ratio 4 --coff 2 --head-dim 512 --rows 1024 --arch sm_90 --json" \

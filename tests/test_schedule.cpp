@@ -272,6 +272,48 @@ TEST(ScheduleTable, SelectsBucketsAtEveryBoundary) {
   EXPECT_EQ(set.route({17, 512, 2}, "sm_90"), Family::kLongWindow);
 }
 
+// Entries keyed on element type and layout win over unkeyed ones for the calls they name, in
+// any table order; other calls keep the unkeyed entry.
+TEST(ScheduleTable, EntriesKeyedOnElementTypeAndLayoutServeTheirCallsOnly) {
+  auto entry = [](const std::string& keys, int cols) {
+    return R"({"family": "long_window", "direction": "forward", "coff": 1, "head_dim": [1, 4096],
+               "ratio": [17, 256],)" +
+           keys + R"( "buckets": [{"max_rows": null, "vec": 2, "cols": )" + std::to_string(cols) +
+           R"(, "threads": 256, "serial": false, "fast_exp": true}]})";
+  };
+  const std::string table = R"({"schema_version": 1, "arch": "sm_90", "entries": [)" +
+                            entry(R"("dtype": "fp32",)", 16) + ", " + entry("", 64) + ", " +
+                            entry(R"("dtype": "fp32", "layout": "sbhd",)", 8) + ", " +
+                            entry(R"("layout": "sbhd",)", 32) + "]}";
+  auto set = schedule::ScheduleSet::embedded();
+  set.add(schedule::parse_schedule_table(table, "t.json"));
+  auto cols = [&](DType dtype, Layout layout) {
+    Config c{128, 512, 1};
+    c.dtype = dtype;
+    c.layout = layout;
+    return set.select(c, Direction::kForward, 1000, "sm_90").schedule.cols;
+  };
+  EXPECT_EQ(cols(DType::kBf16, Layout::kThd), 64);
+  EXPECT_EQ(cols(DType::kF16, Layout::kThd), 64);
+  EXPECT_EQ(cols(DType::kF32, Layout::kThd), 16);
+  EXPECT_EQ(cols(DType::kBf16, Layout::kSbhd), 32);
+  EXPECT_EQ(cols(DType::kF32, Layout::kSbhd), 8);
+  // The keys survive a round trip, and unkeyed entries stay unkeyed.
+  const auto again =
+      schedule::parse_schedule_table(schedule::to_json(*set.table_for("sm_90")), "round trip");
+  ASSERT_EQ(again.entries.size(), 4U);
+  EXPECT_EQ(again.entries[0].dtype, DType::kF32);
+  EXPECT_FALSE(again.entries[0].layout.has_value());
+  EXPECT_FALSE(again.entries[1].dtype.has_value());
+  EXPECT_EQ(again.entries[3].layout, Layout::kSbhd);
+  // Unknown values are refused by name.
+  std::string t = table_text();
+  const auto at = t.find("\"ratio\"");
+  expect_rejected(std::string(t).insert(at, R"("dtype": "fp8", )"), "entries[0].dtype");
+  expect_rejected(std::string(t).insert(at, R"("dtype": 2, )"), "entries[0].dtype");
+  expect_rejected(std::string(t).insert(at, R"("layout": "bshd", )"), "entries[0].layout");
+}
+
 TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {
   const std::string b1 = R"({"max_rows": 100, "vec": 2, "cols": 32, "threads": 256, "serial": false,
                               "fast_exp": true, "rows_per_cta": 0})";

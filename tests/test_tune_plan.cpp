@@ -148,6 +148,27 @@ TEST(TunePlan, MergedTablePutsTunedEntriesFirstAndStaysValid) {
   EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
 }
 
+TEST(TunePlan, EntriesOfAnotherTypeOrLayoutAreKeyedAndReplaceOnlyTheirOwn) {
+  Config c{128, 512, 1};
+  const auto candidates = tools::tune_candidates(c, Direction::kForward);
+  nlohmann::json bucket = candidates[0].bucket;
+  bucket["max_rows"] = nullptr;
+  const auto plain = tools::make_entry(c, Direction::kForward, nlohmann::json::array({bucket}));
+  EXPECT_FALSE(plain.contains("dtype"));
+  EXPECT_FALSE(plain.contains("layout"));
+  c.dtype = DType::kF32;
+  c.layout = Layout::kSbhd;
+  const auto keyed = tools::make_entry(c, Direction::kForward, nlohmann::json::array({bucket}));
+  EXPECT_EQ(keyed["dtype"], "fp32");
+  EXPECT_EQ(keyed["layout"], "sbhd");
+  const nlohmann::json base = {{"schema_version", 1}, {"arch", "sm_90"}, {"entries", {plain}}};
+  const auto merged = tools::merge_entries(base, {keyed}, "test");
+  ASSERT_EQ(merged["entries"].size(), 2u);  // the unkeyed entry still serves other calls
+  EXPECT_EQ(merged["entries"][0], keyed);
+  EXPECT_EQ(tools::merge_entries(merged, {keyed}, "again")["entries"].size(), 2u);
+  EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
+}
+
 TEST(TunePlan, SmallForwardOutputsKeepTheBitwiseBuckets) {
   EXPECT_EQ(tools::bitwise_row_limit({128, 512, 1}), 31);   // 31 * 512 < 16384 <= 32 * 512
   EXPECT_EQ(tools::bitwise_row_limit({128, 128, 2}), 127);  // 127 * 128 < 16384

@@ -44,8 +44,16 @@ nlohmann::json choice_json(const ScheduleChoice& c, const std::string& direction
                       {"schedule", c.schedule},
                       {"contract", c.contract}};
   if (c.entry >= 0) {
-    j["table"] = {{"arch", c.table_arch}, {"source", c.table_source}, {"entry", c.entry},
-                  {"bucket", c.bucket},   {"rows_min", c.rows_min},   {"rows_max", c.rows_max}};
+    j["table"] = {
+        {"arch", c.table_arch},
+        {"source", c.table_source},
+        {"entry", c.entry},
+        {"bucket", c.bucket},
+        {"rows_min", c.rows_min},
+        {"rows_max", c.rows_max},
+        {"dtype", c.entry_dtype.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.entry_dtype)},
+        {"layout",
+         c.entry_layout.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.entry_layout)}};
   } else {
     j["table"] = nullptr;
   }
@@ -113,10 +121,13 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
       if (so->json) continue;
       std::string where = "built-in rule";
       if (choice.entry >= 0) {
-        where =
-            fmt::format("{} entries[{}].buckets[{}], rows {}..{}", choice.table_source,
-                        choice.entry, choice.bucket, choice.rows_min,
-                        choice.rows_max < 0 ? std::string("inf") : std::to_string(choice.rows_max));
+        std::string keys;
+        if (!choice.entry_dtype.empty()) keys += " " + choice.entry_dtype;
+        if (!choice.entry_layout.empty()) keys += " " + choice.entry_layout;
+        where = fmt::format(
+            "{} entries[{}].buckets[{}]{}, rows {}..{}", choice.table_source, choice.entry,
+            choice.bucket, keys.empty() ? "" : " (the" + keys + " entry)", choice.rows_min,
+            choice.rows_max < 0 ? std::string("inf") : std::to_string(choice.rows_max));
       }
       fmt::print("{} {} {} rows={} on {}: {}\n  {} ({} contract{}{})\n", name,
                  family_name(choice.family), format_config(c), so->rows, arch, where,

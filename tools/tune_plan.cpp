@@ -209,12 +209,17 @@ nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets, const nloh
 }
 
 nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets) {
-  return {{"family", "long_window"},
-          {"direction", direction == Direction::kForward ? "forward" : "backward"},
-          {"coff", config.coff},
-          {"head_dim", {config.head_dim, config.head_dim}},
-          {"ratio", {config.ratio, config.ratio}},
-          {"buckets", std::move(buckets)}};
+  nlohmann::json entry = {{"family", "long_window"},
+                          {"direction", direction == Direction::kForward ? "forward" : "backward"},
+                          {"coff", config.coff},
+                          {"head_dim", {config.head_dim, config.head_dim}},
+                          {"ratio", {config.ratio, config.ratio}}};
+  // Unkeyed entries serve every element type and layout (they were measured on bf16 THD); a
+  // measurement of another one is keyed on it, so it serves those calls only.
+  if (config.dtype != DType::kBf16) entry["dtype"] = dtype_name(config.dtype);
+  if (config.layout != Layout::kThd) entry["layout"] = layout_name(config.layout);
+  entry["buckets"] = std::move(buckets);
+  return entry;
 }
 
 nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::json>& entries,
@@ -223,8 +228,12 @@ nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::js
   for (const auto& e : entries) merged.push_back(e);
   for (const auto& old : base["entries"]) {
     const bool replaced = std::any_of(entries.begin(), entries.end(), [&](const auto& e) {
+      auto key = [](const nlohmann::json& x, const char* k) {
+        return x.contains(k) ? x[k] : nlohmann::json(nullptr);
+      };
       return e["direction"] == old["direction"] && e["coff"] == old["coff"] &&
-             e["head_dim"] == old["head_dim"] && e["ratio"] == old["ratio"];
+             e["head_dim"] == old["head_dim"] && e["ratio"] == old["ratio"] &&
+             key(e, "dtype") == key(old, "dtype") && key(e, "layout") == key(old, "layout");
     });
     if (!replaced) merged.push_back(old);
   }

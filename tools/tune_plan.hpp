@@ -65,11 +65,13 @@ nlohmann::json bitwise_buckets(const std::vector<Candidate>& candidates,
 nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets, const nlohmann::json& bitwise,
                                        std::int64_t max_rows);
 
-// A table entry for exactly this configuration.
+// A table entry for exactly this configuration, keyed on its element type and layout unless
+// they are bf16 THD.
 nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets);
 
 // `base` (a schedule table) with `entries` put first, so they win the first-match selection;
-// entries of `base` for the same (direction, coff, head_dim, ratio) ranges are dropped.
+// entries of `base` for the same (direction, coff, head_dim, ratio) ranges and the same
+// dtype / layout keys are dropped.
 nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::json>& entries,
                              const std::string& origin);
 

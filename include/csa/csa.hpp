@@ -87,6 +87,10 @@ struct ScheduleChoice {
   std::string table_source;
   int entry = -1;   // index in the table's entries (-1: built-in rule)
   int bucket = -1;  // index in the entry's buckets
+  // The element type and layout the entry is keyed on ("fp32", "sbhd"); empty: it serves
+  // every one.
+  std::string entry_dtype;
+  std::string entry_layout;
   std::int64_t rows_min = 0;
   std::int64_t rows_max = -1;  // -1: unbounded
   std::string schedule;        // every launch parameter, "key=value ..."

@@ -107,8 +107,12 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
   const auto set = impl_->service.schedules();
   const schedule::Selection sel = set->select(config, direction, rows, a);
   choice.table_arch = sel.table_arch;
-  if (const schedule::ScheduleTable* t = set->table_for(a); t != nullptr && sel.entry >= 0)
+  if (const schedule::ScheduleTable* t = set->table_for(a); t != nullptr && sel.entry >= 0) {
     choice.table_source = t->source;
+    const schedule::TableEntry& e = t->entries[static_cast<std::size_t>(sel.entry)];
+    if (e.dtype) choice.entry_dtype = dtype_name(*e.dtype);
+    if (e.layout) choice.entry_layout = layout_name(*e.layout);
+  }
   choice.entry = sel.entry;
   choice.bucket = sel.bucket;
   choice.rows_min = sel.rows_min;

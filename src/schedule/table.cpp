@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <optional>
 #include <set>
@@ -16,6 +17,9 @@ namespace csa::schedule {
 namespace {
 
 using nlohmann::json;
+
+constexpr std::array<DType, 3> kDTypes = {DType::kBf16, DType::kF16, DType::kF32};
+constexpr std::array<Layout, 2> kLayouts = {Layout::kThd, Layout::kSbhd};
 
 // Where in the document a value sits, for error messages: "entries[2].buckets[0].vec".
 class Path {
@@ -157,7 +161,8 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
 }
 
 TableEntry parse_entry(const json& e, const Path& path) {
-  reject_unknown(e, path, {"family", "direction", "coff", "head_dim", "ratio", "buckets"});
+  reject_unknown(
+      e, path, {"family", "direction", "coff", "head_dim", "ratio", "dtype", "layout", "buckets"});
   const json& family = member(e, "family", path);
   if (!family.is_string() || family.get<std::string>() != "long_window")
     (path / "family").fail("must be \"long_window\" (the only table-driven family)");
@@ -173,6 +178,20 @@ TableEntry parse_entry(const json& e, const Path& path) {
   out.coff = static_cast<int>(get_int(e, "coff", path, 1, 2));
   std::tie(out.head_dim_min, out.head_dim_max) = get_range(e, "head_dim", path, 1, 4096);
   std::tie(out.ratio_min, out.ratio_max) = get_range(e, "ratio", path, 1, 256);
+  if (e.contains("dtype")) {
+    const json& v = e["dtype"];
+    const auto it = std::find_if(kDTypes.begin(), kDTypes.end(),
+                                 [&](DType t) { return v.is_string() && v == dtype_name(t); });
+    if (it == kDTypes.end()) (path / "dtype").fail("must be \"bf16\", \"fp16\" or \"fp32\"");
+    out.dtype = *it;
+  }
+  if (e.contains("layout")) {
+    const json& v = e["layout"];
+    const auto it = std::find_if(kLayouts.begin(), kLayouts.end(),
+                                 [&](Layout l) { return v.is_string() && v == layout_name(l); });
+    if (it == kLayouts.end()) (path / "layout").fail("must be \"thd\" or \"sbhd\"");
+    out.layout = *it;
+  }
   const json& buckets = member(e, "buckets", path);
   if (!buckets.is_array() || buckets.empty()) (path / "buckets").fail("must be a non-empty array");
   for (std::size_t i = 0; i < buckets.size(); ++i) {
@@ -208,7 +227,8 @@ json range_json(int lo, int hi) {
 
 bool TableEntry::matches(const Config& c, Direction d) const {
   return direction == d && coff == c.coff && head_dim_min <= c.head_dim &&
-         c.head_dim <= head_dim_max && ratio_min <= c.ratio && c.ratio <= ratio_max;
+         c.head_dim <= head_dim_max && ratio_min <= c.ratio && c.ratio <= ratio_max &&
+         (!dtype || *dtype == c.dtype) && (!layout || *layout == c.layout);
 }
 
 ScheduleTable parse_schedule_table(std::string_view json_text, const std::string& source) {
@@ -267,6 +287,8 @@ std::string to_json(const ScheduleTable& t) {
     je["coff"] = e.coff;
     je["head_dim"] = range_json(e.head_dim_min, e.head_dim_max);
     je["ratio"] = range_json(e.ratio_min, e.ratio_max);
+    if (e.dtype) je["dtype"] = dtype_name(*e.dtype);
+    if (e.layout) je["layout"] = layout_name(*e.layout);
     je["buckets"] = json::array();
     for (const auto& b : e.buckets) {
       json jb;
@@ -334,27 +356,41 @@ LongWindowSchedule default_long_window(const Config& c, Direction direction) {
   return s;
 }
 
+namespace {
+
+// The matching entry naming the most of (dtype, layout), the first of those; -1: none.
+int best_entry(const ScheduleTable& t, const Config& c, Direction direction) {
+  int best = -1;
+  for (std::size_t i = 0; i < t.entries.size(); ++i) {
+    const TableEntry& e = t.entries[i];
+    if (e.matches(c, direction) &&
+        (best < 0 || e.specificity() > t.entries[static_cast<std::size_t>(best)].specificity()))
+      best = static_cast<int>(i);
+  }
+  return best;
+}
+
+}  // namespace
+
 Selection ScheduleSet::select(const Config& c, Direction direction, std::int64_t rows,
                               const std::string& arch) const {
   Selection sel;
-  if (const ScheduleTable* t = table_for(arch)) {
-    for (std::size_t i = 0; i < t->entries.size(); ++i) {
-      const TableEntry& e = t->entries[i];
-      if (!e.matches(c, direction)) continue;
-      sel.table_arch = t->arch;
-      sel.entry = static_cast<int>(i);
-      std::int64_t lo = 0;
-      for (std::size_t b = 0; b < e.buckets.size(); ++b) {
-        const Bucket& bucket = e.buckets[b];
-        if (bucket.max_rows < 0 || rows <= bucket.max_rows) {
-          sel.bucket = static_cast<int>(b);
-          sel.rows_min = lo;
-          sel.rows_max = bucket.max_rows;
-          sel.schedule = fit_long_window(c, bucket.schedule, arch, direction);
-          return sel;
-        }
-        lo = bucket.max_rows + 1;
+  const ScheduleTable* t = table_for(arch);
+  if (const int i = t != nullptr ? best_entry(*t, c, direction) : -1; i >= 0) {
+    const TableEntry& e = t->entries[static_cast<std::size_t>(i)];
+    sel.table_arch = t->arch;
+    sel.entry = i;
+    std::int64_t lo = 0;
+    for (std::size_t b = 0; b < e.buckets.size(); ++b) {
+      const Bucket& bucket = e.buckets[b];
+      if (bucket.max_rows < 0 || rows <= bucket.max_rows) {
+        sel.bucket = static_cast<int>(b);
+        sel.rows_min = lo;
+        sel.rows_max = bucket.max_rows;
+        sel.schedule = fit_long_window(c, bucket.schedule, arch, direction);
+        return sel;
       }
+      lo = bucket.max_rows + 1;
     }
   }
   sel.schedule = fit_long_window(c, default_long_window(c, direction), arch, direction);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,8 +27,13 @@ struct TableEntry {
   int coff = 1;
   int head_dim_min = 1, head_dim_max = 4096;
   int ratio_min = 1, ratio_max = 256;
+  // Element type and layout the entry was measured for; absent: it serves every one. A call
+  // takes the matching entry that names the most of them (the first of those).
+  std::optional<DType> dtype;
+  std::optional<Layout> layout;
   std::vector<Bucket> buckets;  // ascending max_rows, the last unbounded
   bool matches(const Config& c, Direction d) const;
+  int specificity() const { return (dtype ? 1 : 0) + (layout ? 1 : 0); }
 };
 
 // Ratios from `long_window_min_ratio` up use the long-window family (below: short-window).
