@@ -176,8 +176,10 @@ __device__ __forceinline__ void zero_grad_ape_block(const BackwardParams& p, int
   }
 }
 
-template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER>
-__global__ void __launch_bounds__(TX* TY)
+// MIN_CTAS: the CTAs per SM ptxas must fit (0: its own choice).
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER,
+          int MIN_CTAS>
+__global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     short_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter(/*dependents_first=*/true);  // one wave: see backward_grid()
   using E = typename IO::E;

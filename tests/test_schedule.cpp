@@ -26,6 +26,18 @@ TEST(ShortWindowSchedule, ReductionLanesFollowTheMeasuredRuleAndCanBeOverridden)
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("rl=64")), Error);
 }
 
+TEST(ShortWindowSchedule, BackwardResidencyTargetIsTheCompilersUnlessOverridden) {
+  EXPECT_EQ(schedule::select_short_window({4, 512, 2}).backward_min_ctas, 0);
+  const auto s = schedule::select_short_window({4, 512, 2}, std::string("bmin=3"));
+  EXPECT_EQ(s.backward_min_ctas, 3);
+  EXPECT_NE(s.describe().find("bmin=3"), std::string::npos) << s.describe();
+  // 256 threads a CTA: at most 8 fit one SM's 2048 threads.
+  EXPECT_NO_THROW(schedule::select_short_window({4, 512, 2}, std::string("bmin=8")));
+  EXPECT_THROW(schedule::select_short_window({4, 512, 2}, std::string("bmin=9")), Error);
+  EXPECT_THROW(schedule::select_short_window({4, 512, 2}, std::string("tx=32,ty=32,bmin=3")),
+               Error);
+}
+
 TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
   const Config c{4, 512, 2};
   const auto s = schedule::select_short_window(c);

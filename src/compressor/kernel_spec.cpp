@@ -86,15 +86,16 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
   } else {
     req.source = "#include \"short_window.cuh\"\n#include \"ape_reduce.cuh\"\n";
     const std::string shape = fmt::format("{},{},{},{}", io, c.ratio, c.coff, c.head_dim);
-    req.name_expressions = {fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape,
-                                        s.forward_vec, s.forward_narrow_threads),
-                            fmt::format("csa_kernel::short_window_backward<{},{},{},{},true>",
-                                        shape, s.backward_vec, s.backward_tx, s.backward_ty),
-                            fmt::format("csa_kernel::short_window_backward<{},{},{},{},false>",
-                                        shape, s.backward_vec, s.backward_tx, s.backward_ty),
-                            fmt::format("csa_kernel::ape_reduce<{}>", s.reduce_lanes),
-                            fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape,
-                                        s.forward_wide_vec, s.forward_threads)};
+    req.name_expressions = {
+        fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape, s.forward_vec,
+                    s.forward_narrow_threads),
+        fmt::format("csa_kernel::short_window_backward<{},{},{},{},true,{}>", shape, s.backward_vec,
+                    s.backward_tx, s.backward_ty, s.backward_min_ctas),
+        fmt::format("csa_kernel::short_window_backward<{},{},{},{},false,{}>", shape,
+                    s.backward_vec, s.backward_tx, s.backward_ty, s.backward_min_ctas),
+        fmt::format("csa_kernel::ape_reduce<{}>", s.reduce_lanes),
+        fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape, s.forward_wide_vec,
+                    s.forward_threads)};
     label = fmt::format("short-r{}-c{}-d{}-{}-{}", c.ratio, c.coff, c.head_dim,
                         io_label(c, kernel_layout), arch);
   }

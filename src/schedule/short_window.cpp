@@ -10,9 +10,10 @@ namespace csa::schedule {
 
 std::string ShortWindowSchedule::describe() const {
   return fmt::format(
-      "fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},lanes={},fixed={},one={},cap={}",
+      "fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},bmin={},lanes={},fixed={},one={},"
+      "cap={}",
       forward_vec, forward_narrow_threads, forward_wide_vec, forward_wide_min_elements,
-      forward_threads, backward_vec, backward_tx, backward_ty, reduce_lanes,
+      forward_threads, backward_vec, backward_tx, backward_ty, backward_min_ctas, reduce_lanes,
       fixed_order_default ? 1 : 0, one_launch ? 1 : 0, captured_one_launch_min);
 }
 
@@ -60,6 +61,8 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
       s.backward_tx = value;
     else if (key == "ty")
       s.backward_ty = value;
+    else if (key == "bmin")
+      s.backward_min_ctas = value;
     else if (key == "fixed")
       s.fixed_order_default = value != 0;
     else if (key == "one")
@@ -123,6 +126,12 @@ ShortWindowSchedule select_short_window(const Config& c,
   }
   if (!override_spec || override_spec->find("ty=") == std::string::npos) {
     s.backward_ty = backward_block_y(s.backward_tx);
+  }
+  // An SM holds at most 2048 threads (and 32 CTAs).
+  if (s.backward_min_ctas > 32 || s.backward_min_ctas * s.backward_tx * s.backward_ty > 2048) {
+    fail(Status::kInvalidArgument,
+         "schedule override: bmin={} CTAs of {} threads do not fit one SM (2048 threads)",
+         s.backward_min_ctas, s.backward_tx * s.backward_ty);
   }
   return s;
 }

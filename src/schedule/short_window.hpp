@@ -23,9 +23,10 @@ struct ShortWindowSchedule {
   int forward_threads = 256;  // threads per CTA of the wide forward, one (row, vector) each
   std::int64_t forward_wide_min_elements = 600000;
   int backward_vec = 2;
-  int backward_tx = 64;  // threads along column vectors
-  int backward_ty = 4;   // row lanes per CTA (folded in fixed order for grad_ape)
-  int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column (see the rule)
+  int backward_tx = 64;       // threads along column vectors
+  int backward_ty = 4;        // row lanes per CTA (folded in fixed order for grad_ape)
+  int backward_min_ctas = 0;  // CTAs per SM the backward's registers must fit (0: ptxas's choice)
+  int reduce_lanes = 8;       // fixed-order grad_ape reduction: lanes per column (see the rule)
   bool fixed_order_default = true;  // grad_ape without atomics even when not asked for
   // A default (not deterministic) backward that fixed_order_default gives two launches (rows,
   // then the reduction) takes the atomic form in one launch instead, with claim words: half
