@@ -160,6 +160,20 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
   return out;
 }
 
+// An optional field naming one of `values` (by `name_of`); absent: nullopt.
+template <class T, std::size_t N>
+std::optional<T> optional_name(const json& object, const char* field, const Path& path,
+                               const std::array<T, N>& values, const char* (*name_of)(T) noexcept) {
+  if (!object.contains(field)) return std::nullopt;
+  const json& v = object[field];
+  for (const T value : values)
+    if (v.is_string() && v == name_of(value)) return value;
+  std::string names;
+  for (const T value : values)
+    names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", name_of(value));
+  (path / field).fail("must be one of {}", names);
+}
+
 TableEntry parse_entry(const json& e, const Path& path) {
   reject_unknown(
       e, path, {"family", "direction", "coff", "head_dim", "ratio", "dtype", "layout", "buckets"});
@@ -178,20 +192,8 @@ TableEntry parse_entry(const json& e, const Path& path) {
   out.coff = static_cast<int>(get_int(e, "coff", path, 1, 2));
   std::tie(out.head_dim_min, out.head_dim_max) = get_range(e, "head_dim", path, 1, 4096);
   std::tie(out.ratio_min, out.ratio_max) = get_range(e, "ratio", path, 1, 256);
-  if (e.contains("dtype")) {
-    const json& v = e["dtype"];
-    const auto it = std::find_if(kDTypes.begin(), kDTypes.end(),
-                                 [&](DType t) { return v.is_string() && v == dtype_name(t); });
-    if (it == kDTypes.end()) (path / "dtype").fail("must be \"bf16\", \"fp16\" or \"fp32\"");
-    out.dtype = *it;
-  }
-  if (e.contains("layout")) {
-    const json& v = e["layout"];
-    const auto it = std::find_if(kLayouts.begin(), kLayouts.end(),
-                                 [&](Layout l) { return v.is_string() && v == layout_name(l); });
-    if (it == kLayouts.end()) (path / "layout").fail("must be \"thd\" or \"sbhd\"");
-    out.layout = *it;
-  }
+  out.dtype = optional_name(e, "dtype", path, kDTypes, dtype_name);
+  out.layout = optional_name(e, "layout", path, kLayouts, layout_name);
   const json& buckets = member(e, "buckets", path);
   if (!buckets.is_array() || buckets.empty()) (path / "buckets").fail("must be a non-empty array");
   for (std::size_t i = 0; i < buckets.size(); ++i) {
