@@ -38,22 +38,24 @@ const char* grad_ape_text(const ScheduleChoice& c) {
   return "fp32 atomics; the fixed order when deterministic";
 }
 
+nlohmann::json or_null(const std::string& text) {
+  return text.empty() ? nlohmann::json(nullptr) : nlohmann::json(text);
+}
+
 nlohmann::json choice_json(const ScheduleChoice& c, const std::string& direction) {
   nlohmann::json j = {{"direction", direction},
                       {"family", family_name(c.family)},
                       {"schedule", c.schedule},
                       {"contract", c.contract}};
   if (c.entry >= 0) {
-    j["table"] = {
-        {"arch", c.table_arch},
-        {"source", c.table_source},
-        {"entry", c.entry},
-        {"bucket", c.bucket},
-        {"rows_min", c.rows_min},
-        {"rows_max", c.rows_max},
-        {"dtype", c.entry_dtype.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.entry_dtype)},
-        {"layout",
-         c.entry_layout.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.entry_layout)}};
+    j["table"] = {{"arch", c.table_arch},
+                  {"source", c.table_source},
+                  {"entry", c.entry},
+                  {"bucket", c.bucket},
+                  {"rows_min", c.rows_min},
+                  {"rows_max", c.rows_max},
+                  {"dtype", or_null(c.entry_dtype)},
+                  {"layout", or_null(c.entry_layout)}};
   } else {
     j["table"] = nullptr;
   }
