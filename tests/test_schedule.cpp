@@ -140,6 +140,7 @@ TEST(ShortWindowSchedule, SelectionSaysHowGradApeIsSummed) {
 // fields outside the cache key.
 #include "csa_params.h"
 #include "compressor/kernel_spec.hpp"
+#include "compressor/kernel_templates.hpp"
 #include "schedule/table.hpp"
 
 namespace csa::test {
@@ -326,6 +327,69 @@ TEST(ScheduleTable, EntriesKeyedOnElementTypeAndLayoutServeTheirCallsOnly) {
   expect_rejected(std::string(t).insert(at, R"("layout": "bshd", )"), "entries[0].layout");
 }
 
+TEST(KernelTemplates, NameExpressionsComeFromTheTemplateDescriptions) {
+  namespace kt = compressor::kernel_templates;
+  compressor::ModuleBuilder m("csa_kernel::Io<0,0,0>,4,2,128");
+  EXPECT_EQ(m.add(kt::kShortWindowBackward, 2, 32, 8, true, 0), 0);
+  EXPECT_EQ(m.add(kt::kApeReduce, 8), 1);
+  EXPECT_EQ(m.add(kt::kShortWindowBackward, 2, 32, 8, true, 0), 0);  // named twice: one slot
+  EXPECT_EQ(m.add(kt::kReferenceForward), 2);
+  ASSERT_EQ(m.names().size(), 3u);
+  EXPECT_EQ(m.names()[0],
+            "csa_kernel::short_window_backward<csa_kernel::Io<0,0,0>,4,2,128,2,32,8,true,0>");
+  EXPECT_EQ(m.names()[1], "csa_kernel::ape_reduce<8>");  // unshaped
+  EXPECT_EQ(m.names()[2], "csa_kernel::reference_forward<csa_kernel::Io<0,0,0>,4,2,128>");
+  EXPECT_EQ(m.source(),
+            "#include \"short_window.cuh\"\n#include \"ape_reduce.cuh\"\n"
+            "#include \"reference.cuh\"\n");
+  compressor::ModuleBuilder utility;
+  utility.add(kt::kCheckOffsets);
+  EXPECT_EQ(utility.names().front(), "csa_kernel::check_offsets");  // not a template
+}
+
+TEST(KernelTemplates, ModulesNameEveryKernelTheirLaunchesTake) {
+  const Config c{4, 128, 2};
+  const auto& names_of = [](const compressor::ModuleSpec& s) { return s.request.name_expressions; };
+  const auto sw = compressor::make_module_spec(c, csa_kernel::kLayoutSbhd, Family::kShortWindow,
+                                               schedule::select_short_window(c), "sm_90", {});
+  const auto& s = sw.slots.short_window;
+  const auto names = names_of(sw);
+  for (int slot : {s.forward, s.forward_wide, s.backward_fixed, s.backward_atomic, s.ape_reduce}) {
+    ASSERT_GE(slot, 0);
+    ASSERT_LT(slot, static_cast<int>(names.size()));
+  }
+  EXPECT_NE(names[static_cast<std::size_t>(s.backward_fixed)].find(",true,0>"), std::string::npos);
+  EXPECT_NE(names[static_cast<std::size_t>(s.backward_atomic)].find(",false,0>"),
+            std::string::npos);
+  EXPECT_NE(names[static_cast<std::size_t>(s.forward)].find("Io<0,2,0>,4,2,128"),
+            std::string::npos);  // the SBHD policy
+  const auto ref = compressor::make_module_spec(c, csa_kernel::kLayoutThdPacked, Family::kReference,
+                                                {}, "sm_90", {});
+  EXPECT_EQ(names_of(ref)[static_cast<std::size_t>(ref.slots.reference.grad_ape)],
+            "csa_kernel::reference_grad_ape<csa_kernel::Io<0,0,0>,4,2,128>");
+
+  // Long window: a slot for every bucket's kernel, both 16-byte reductions.
+  const Config lc{128, 512, 1};
+  const auto set = schedule::ScheduleSet::embedded();
+  const auto fwd = set.kernels(lc, Direction::kForward, "sm_90");
+  const auto bwd = set.kernels(lc, Direction::kBackward, "sm_90");
+  const auto lw =
+      compressor::make_long_window_spec(lc, csa_kernel::kLayoutThdPacked, fwd, bwd, "sm_90", {});
+  for (const auto& f : fwd)
+    EXPECT_GE(
+        compressor::long_window_slot(lw, lc, csa_kernel::kLayoutThdPacked, f, Direction::kForward),
+        0);
+  for (const auto& b : bwd)
+    EXPECT_GE(
+        compressor::long_window_slot(lw, lc, csa_kernel::kLayoutThdPacked, b, Direction::kBackward),
+        0);
+  EXPECT_EQ(compressor::long_window_slot(lw, lc, csa_kernel::kLayoutSbhd, fwd.front(),
+                                         Direction::kForward),
+            -1);  // another layout's kernel is not in it
+  for (int slot : lw.slots.long_window.ape_reduce_quads) EXPECT_GE(slot, 0);
+  EXPECT_GE(lw.slots.long_window.ape_reduce, 0);
+}
+
 TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {
   const std::string b1 = R"({"max_rows": 100, "vec": 2, "cols": 32, "threads": 256, "serial": false,
                               "fast_exp": true, "rows_per_cta": 0})";
@@ -339,7 +403,7 @@ TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {
     const Config c{128, 512, 2};
     return compressor::make_long_window_spec(
                c, csa_kernel::kLayoutThdPacked, set.kernels(c, Direction::kForward, "sm_90"),
-               set.kernels(c, Direction::kBackward, "sm_90"), "sm_90", {}, nullptr)
+               set.kernels(c, Direction::kBackward, "sm_90"), "sm_90", {})
         .key.hash;
   };
   EXPECT_EQ(key_of(b1), key_of(b2));

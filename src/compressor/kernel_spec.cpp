@@ -2,7 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "compressor/kernel_sources.hpp"
+#include "compressor/kernel_templates.hpp"
 #include "csa_params.h"
 
 namespace csa::compressor {
@@ -59,9 +62,44 @@ std::string io_policy(const Config& c, int kernel_layout) {
 
 namespace {
 
-// "4,2,128" for labels, prefixed by the I/O policy for name expressions.
+// "bf16-thd" for module labels.
 std::string io_label(const Config& c, int kernel_layout) {
   return fmt::format("{}-{}", dtype_name(c.dtype), kernel_layout_name(kernel_layout));
+}
+
+namespace kt = kernel_templates;
+
+// "csa_kernel::Io<..>,4,2,128": the arguments every shaped kernel template begins with.
+std::string shape_args(const Config& c, int kernel_layout) {
+  return fmt::format("{},{},{},{}", io_policy(c, kernel_layout), c.ratio, c.coff, c.head_dim);
+}
+
+ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::string& label,
+                  const std::string& arch, const CompileOptions& options) {
+  auto& req = spec.request;
+  req.arch = arch;
+  req.options = base_options(options);
+  req.source = module.source();
+  req.name_expressions = module.names();
+  req.source_name = label + ".cu";
+  spec.key = cache::make_key(label, req, kernel_sources_hash());
+  return spec;
+}
+
+// The kernel of a long-window schedule: the staged form's, or the lanes form's of its direction.
+int add_long_window_kernel(ModuleBuilder& m, const schedule::LongWindowSchedule& s,
+                           Direction direction) {
+  if (s.staged) {
+    const auto& t =
+        direction == Direction::kForward ? kt::kLongWindowForward : kt::kLongWindowBackward;
+    return m.add(t, s.vec, s.cols, s.threads, s.serial, s.fast_exp);
+  }
+  if (direction == Direction::kBackward) {
+    return m.add(kt::kLaneWindowBackward, s.vec, s.cols / s.vec, s.window_lanes(), s.stages,
+                 s.fast_exp, s.atomic_ape);
+  }
+  return m.add(kt::kLaneWindowForward, s.vec, s.cols / s.vec, s.window_lanes(), s.serial,
+               s.fast_exp);
 }
 
 }  // namespace
@@ -69,92 +107,63 @@ std::string io_label(const Config& c, int kernel_layout) {
 ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
                             const schedule::ShortWindowSchedule& s, const std::string& arch,
                             const CompileOptions& options) {
-  const std::string io = io_policy(c, kernel_layout);
   ModuleSpec spec;
-  auto& req = spec.request;
-  req.arch = arch;
-  req.options = base_options(options);
-  std::string label;
+  ModuleBuilder m(shape_args(c, kernel_layout));
+  const char* kind = "short";
   if (family == Family::kReference) {
-    req.source = "#include \"reference.cuh\"\n";
-    const std::string args = fmt::format("<{},{},{},{}>", io, c.ratio, c.coff, c.head_dim);
-    req.name_expressions = {
-        "csa_kernel::reference_forward" + args, "csa_kernel::reference_backward_rows" + args,
-        "csa_kernel::reference_backward_zeros" + args, "csa_kernel::reference_grad_ape" + args};
-    label = fmt::format("reference-r{}-c{}-d{}-{}-{}", c.ratio, c.coff, c.head_dim,
-                        io_label(c, kernel_layout), arch);
+    kind = "reference";
+    auto& slots = spec.slots.reference;
+    slots.forward = m.add(kt::kReferenceForward);
+    slots.backward_rows = m.add(kt::kReferenceBackwardRows);
+    slots.backward_zeros = m.add(kt::kReferenceBackwardZeros);
+    slots.grad_ape = m.add(kt::kReferenceGradApe);
   } else {
-    req.source = "#include \"short_window.cuh\"\n#include \"ape_reduce.cuh\"\n";
-    const std::string shape = fmt::format("{},{},{},{}", io, c.ratio, c.coff, c.head_dim);
-    req.name_expressions = {
-        fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape, s.forward_vec,
-                    s.forward_narrow_threads),
-        fmt::format("csa_kernel::short_window_backward<{},{},{},{},true,{}>", shape, s.backward_vec,
-                    s.backward_tx, s.backward_ty, s.backward_min_ctas),
-        fmt::format("csa_kernel::short_window_backward<{},{},{},{},false,{}>", shape,
-                    s.backward_vec, s.backward_tx, s.backward_ty, s.backward_min_ctas),
-        fmt::format("csa_kernel::ape_reduce<{}>", s.reduce_lanes),
-        fmt::format("csa_kernel::short_window_forward<{},{},{}>", shape, s.forward_wide_vec,
-                    s.forward_threads)};
-    label = fmt::format("short-r{}-c{}-d{}-{}-{}", c.ratio, c.coff, c.head_dim,
-                        io_label(c, kernel_layout), arch);
+    auto& slots = spec.slots.short_window;
+    slots.forward = m.add(kt::kShortWindowForward, s.forward_vec, s.forward_narrow_threads);
+    slots.backward_fixed = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
+                                 s.backward_ty, true, s.backward_min_ctas);
+    slots.backward_atomic = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
+                                  s.backward_ty, false, s.backward_min_ctas);
+    slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
+    slots.forward_wide = m.add(kt::kShortWindowForward, s.forward_wide_vec, s.forward_threads);
   }
-  req.source_name = label + ".cu";
-  spec.key = cache::make_key(label, req, kernel_sources_hash());
-  return spec;
+  const std::string label = fmt::format("{}-r{}-c{}-d{}-{}-{}", kind, c.ratio, c.coff, c.head_dim,
+                                        io_label(c, kernel_layout), arch);
+  return finish(std::move(spec), m, label, arch, options);
 }
 
 ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
                                  const std::vector<schedule::LongWindowSchedule>& forward,
                                  const std::vector<schedule::LongWindowSchedule>& backward,
-                                 const std::string& arch, const CompileOptions& options,
-                                 LongWindowSlots* slots) {
+                                 const std::string& arch, const CompileOptions& options) {
   ModuleSpec spec;
-  auto& req = spec.request;
-  req.arch = arch;
-  req.options = base_options(options);
-  req.source =
-      "#include \"long_window.cuh\"\n#include \"lane_window_forward.cuh\"\n"
-      "#include \"lane_window_backward.cuh\"\n#include \"ape_reduce.cuh\"\n";
-  const std::string shape =
-      fmt::format("{},{},{},{}", io_policy(c, kernel_layout), c.ratio, c.coff, c.head_dim);
-  LongWindowSlots s;
-  s.forward_begin = 0;
-  for (const auto& f : forward) {
-    req.name_expressions.push_back(
-        fmt::format("{}<{},{}>", f.kernel_prefix(Direction::kForward), shape, f.template_args()));
-  }
-  s.backward_begin = static_cast<int>(req.name_expressions.size());
-  for (const auto& b : backward) {
-    req.name_expressions.push_back(
-        fmt::format("{}<{},{}>", b.kernel_prefix(Direction::kBackward), shape, b.template_args()));
-  }
-  s.ape_reduce = static_cast<int>(req.name_expressions.size());
-  req.name_expressions.push_back(fmt::format("csa_kernel::ape_reduce<{}>", kApeReduceLanes));
+  ModuleBuilder m(shape_args(c, kernel_layout));
+  for (const auto& f : forward) add_long_window_kernel(m, f, Direction::kForward);
+  for (const auto& b : backward) add_long_window_kernel(m, b, Direction::kBackward);
+  auto& slots = spec.slots.long_window;
+  slots.ape_reduce = m.add(kt::kApeReduce, kApeReduceLanes);
   if ((static_cast<long long>(c.ratio) * c.coff * c.head_dim) % 4 == 0) {
-    s.ape_reduce_quads = static_cast<int>(req.name_expressions.size());
-    for (int lanes : kApeReduceQuadLanes)
-      req.name_expressions.push_back(fmt::format("csa_kernel::ape_reduce_quads<{}>", lanes));
+    for (std::size_t i = 0; i < kApeReduceQuadLanes.size(); ++i)
+      slots.ape_reduce_quads[i] = m.add(kt::kApeReduceQuads, kApeReduceQuadLanes[i]);
   }
-  if (slots != nullptr) *slots = s;
   const std::string label = fmt::format("long-r{}-c{}-d{}-{}-{}", c.ratio, c.coff, c.head_dim,
                                         io_label(c, kernel_layout), arch);
-  req.source_name = label + ".cu";
-  spec.key = cache::make_key(label, req, kernel_sources_hash());
-  return spec;
+  return finish(std::move(spec), m, label, arch, options);
+}
+
+int long_window_slot(const ModuleSpec& spec, const Config& c, int kernel_layout,
+                     const schedule::LongWindowSchedule& s, Direction direction) {
+  ModuleBuilder one(shape_args(c, kernel_layout));
+  add_long_window_kernel(one, s, direction);
+  const auto& names = spec.request.name_expressions;
+  const auto it = std::find(names.begin(), names.end(), one.names().front());
+  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
 }
 
 ModuleSpec make_utility_spec(const std::string& arch, const CompileOptions& options) {
-  ModuleSpec spec;
-  auto& req = spec.request;
-  req.arch = arch;
-  req.options = base_options(options);
-  req.source = "#include \"ape_reduce.cuh\"\n";
-  req.name_expressions = {"csa_kernel::check_offsets"};
-  const std::string label = "utility-" + arch;
-  req.source_name = label + ".cu";
-  spec.key = cache::make_key(label, req, kernel_sources_hash());
-  return spec;
+  ModuleBuilder m;
+  m.add(kt::kCheckOffsets);
+  return finish(ModuleSpec{}, m, "utility-" + arch, arch, options);
 }
 
 }  // namespace csa::compressor

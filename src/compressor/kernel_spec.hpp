@@ -12,40 +12,39 @@
 
 namespace csa::compressor {
 
-// Kernel slots of a short-window module, in name-expression order.
-enum ShortWindowKernel : int {
-  kSwForward = 0,
-  kSwBackwardFixed,
-  kSwBackwardAtomic,
-  kSwApeReduce,
-  kSwForwardWide,
-  kSwCount
-};
-// Kernel slots of a reference module.
-enum ReferenceKernel : int {
-  kRefForward = 0,
-  kRefBackwardRows,
-  kRefBackwardZeros,
-  kRefGradApe,
-  kRefCount
-};
-
-// Kernel slots of a long-window module: the forward kernels (one per distinct bucket kernel),
-// then the backward kernels, then the grad_ape reductions: the scalar one, and where
-// ratio * W % 4 == 0 the 16-byte one at each of kApeReduceQuadLanes (ape_reduce_quads).
-struct LongWindowSlots {
-  int forward_begin = 0;
-  int backward_begin = 0;
-  int ape_reduce = 0;
-  int ape_reduce_quads = -1;  // the first of kApeReduceQuadLanes.size() slots, or -1
-};
-
 // Lanes per column of the long-window scalar grad_ape reduction kernel.
 inline constexpr int kApeReduceLanes = 8;
 // Lanes over the row groups of the 16-byte reduction, one kernel each: a call with at most 8
 // groups per lane takes the fewest lanes that do it; more groups take the scalar kernel,
 // which measured faster there (docs/notes/measurements.md).
 inline constexpr std::array<int, 2> kApeReduceQuadLanes = {1, 2};
+
+// The named kernel slots of a module (indices into its name expressions); -1: not in it.
+struct ShortWindowSlots {
+  int forward = -1;
+  int forward_wide = -1;
+  int backward_fixed = -1;   // grad_ape partials per row group, reduced by ape_reduce
+  int backward_atomic = -1;  // grad_ape added atomically
+  int ape_reduce = -1;
+};
+struct ReferenceSlots {
+  int forward = -1;
+  int backward_rows = -1;
+  int backward_zeros = -1;
+  int grad_ape = -1;
+};
+// A long-window module holds one kernel per distinct bucket kernel of either direction (found
+// by long_window_slot), the scalar grad_ape reduction and, where ratio * W % 4 == 0, the
+// 16-byte one at each of kApeReduceQuadLanes.
+struct LongWindowSlots {
+  int ape_reduce = -1;
+  std::array<int, kApeReduceQuadLanes.size()> ape_reduce_quads = {-1, -1};
+};
+struct KernelSlots {
+  ShortWindowSlots short_window;
+  ReferenceSlots reference;
+  LongWindowSlots long_window;
+};
 
 struct CompileOptions {
   bool ptxas_verbose = true;
@@ -55,6 +54,7 @@ struct CompileOptions {
 struct ModuleSpec {
   cache::CacheKey key;
   nvrtc::CompileRequest request;
+  KernelSlots slots;
 };
 
 // The kernels' layout policies prewarm and plans prepare for a configuration
@@ -74,8 +74,11 @@ ModuleSpec make_module_spec(const Config& config, int kernel_layout, Family fami
 ModuleSpec make_long_window_spec(const Config& config, int kernel_layout,
                                  const std::vector<schedule::LongWindowSchedule>& forward,
                                  const std::vector<schedule::LongWindowSchedule>& backward,
-                                 const std::string& arch, const CompileOptions& options,
-                                 LongWindowSlots* slots);
+                                 const std::string& arch, const CompileOptions& options);
+// The slot of a long-window module (made by make_long_window_spec for the same configuration
+// and kernel layout) holding the kernel of schedule `s`; -1 if it holds none.
+int long_window_slot(const ModuleSpec& spec, const Config& config, int kernel_layout,
+                     const schedule::LongWindowSchedule& s, Direction direction);
 
 // The small per-arch module holding the device-side offset check.
 ModuleSpec make_utility_spec(const std::string& arch, const CompileOptions& options);

@@ -21,30 +21,24 @@ using detail::StreamScratch;
 ModuleSpec Service::long_window_spec(const Config& config, int kernel_layout,
                                      const std::string& arch, const schedule::ScheduleSet& set,
                                      std::vector<schedule::LongWindowSchedule>* forward,
-                                     std::vector<schedule::LongWindowSchedule>* backward,
-                                     LongWindowSlots* slots) const {
+                                     std::vector<schedule::LongWindowSchedule>* backward) const {
   *forward = set.kernels(config, Direction::kForward, arch);
   *backward = set.kernels(config, Direction::kBackward, arch);
-  return make_long_window_spec(config, kernel_layout, *forward, *backward, arch, compile_options_,
-                               slots);
+  return make_long_window_spec(config, kernel_layout, *forward, *backward, arch, compile_options_);
 }
 
 void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
-                                  const std::vector<schedule::LongWindowSchedule>& forward,
-                                  const std::vector<schedule::LongWindowSchedule>& backward,
-                                  const LongWindowSlots& slots) {
+                                  const ModuleSpec& spec) {
   driver::Driver& d = loader_.get();
   CUdevice dev = 0;
   d.check(d.api().cuDeviceGet(&dev, p.device.ordinal), "cuDeviceGet");
-  auto buckets_of = [&](Direction direction,
-                        const std::vector<schedule::LongWindowSchedule>& kernels, int first_slot) {
+  auto buckets_of = [&](Direction direction) {
     auto slot_of = [&](const schedule::LongWindowSchedule& s) {
-      const auto it = std::find_if(kernels.begin(), kernels.end(),
-                                   [&](const auto& k) { return k.same_kernel(s); });
-      if (it == kernels.end())
+      const int slot = long_window_slot(spec, p.config, p.kernel_layout, s, direction);
+      if (slot < 0)
         fail(Status::kInternal, "{}: no kernel compiled for schedule {}", config_label(p.config),
              s.describe());
-      return first_slot + static_cast<int>(it - kernels.begin());
+      return slot;
     };
     // The kernel's dynamic shared memory limit; its CTAs per SM.
     auto configure = [&](int slot, int shared_bytes, int threads) {
@@ -88,10 +82,8 @@ void Service::prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
     }
     return out;
   };
-  p.long_forward = buckets_of(Direction::kForward, forward, slots.forward_begin);
-  p.long_backward = buckets_of(Direction::kBackward, backward, slots.backward_begin);
-  p.long_ape_reduce_slot = slots.ape_reduce;
-  p.long_ape_reduce_quads_slot = slots.ape_reduce_quads;
+  p.long_forward = buckets_of(Direction::kForward);
+  p.long_backward = buckets_of(Direction::kBackward);
 }
 
 namespace {
@@ -174,16 +166,17 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   // CTAs); the scalar one where none does.
   std::size_t i = 0;
   while (i < kApeReduceQuadLanes.size() && grid.row_groups > 8 * kApeReduceQuadLanes[i]) ++i;
-  if (p.long_ape_reduce_quads_slot < 0 || i == kApeReduceQuadLanes.size()) {
-    launch_ape_reduce(d, p.kernel(p.long_ape_reduce_slot), params.workspace, a, ape_elems,
+  const LongWindowSlots& slots = p.slots.long_window;
+  if (i == kApeReduceQuadLanes.size() || slots.ape_reduce_quads[i] < 0) {
+    launch_ape_reduce(d, p.kernel(slots.ape_reduce), params.workspace, a, ape_elems,
                       grid.row_groups, {32, kApeReduceLanes, 1}, p.device.sm_count, p.programmatic,
                       stream);
     return;
   }
   const int lanes = kApeReduceQuadLanes[i];
-  launch_ape_reduce(d, p.kernel(p.long_ape_reduce_quads_slot + static_cast<int>(i)),
-                    params.workspace, a, ape_elems, grid.row_groups, {256 / lanes, lanes, 4},
-                    p.device.sm_count, p.programmatic, stream);
+  launch_ape_reduce(d, p.kernel(slots.ape_reduce_quads[i]), params.workspace, a, ape_elems,
+                    grid.row_groups, {256 / lanes, lanes, 4}, p.device.sm_count, p.programmatic,
+                    stream);
 }
 
 }  // namespace csa::compressor

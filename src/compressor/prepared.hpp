@@ -9,6 +9,7 @@
 
 #include "cache/module_cache.hpp"
 #include "compressor/device_registry.hpp"
+#include "compressor/kernel_spec.hpp"
 #include "csa/csa.hpp"
 #include "schedule/long_window.hpp"
 #include "schedule/short_window.hpp"
@@ -38,9 +39,8 @@ struct Prepared {
   int backward_resident_ctas = 1;            // backward CTAs per SM (from the kernel's registers)
   std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
   std::vector<PreparedBucket> long_backward;
-  int long_ape_reduce_slot = 0;
-  int long_ape_reduce_quads_slot = -1;  // LongWindowSlots::ape_reduce_quads
-  bool programmatic = false;            // launch with programmatic dependent launch (sm_90+)
+  KernelSlots slots;          // the module's named kernels
+  bool programmatic = false;  // launch with programmatic dependent launch (sm_90+)
   std::shared_ptr<const cache::LoadedModule> module;
   CUkernel kernel(int slot) const { return module->kernels.at(static_cast<std::size_t>(slot)); }
 };

@@ -162,12 +162,12 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
   prepared->family = resolved;
   if (resolved == Family::kLongWindow) {
     std::vector<schedule::LongWindowSchedule> forward, backward;
-    LongWindowSlots slots;
-    const ModuleSpec spec = long_window_spec(config, kernel_layout, prepared->device.arch, *set,
-                                             &forward, &backward, &slots);
+    const ModuleSpec spec =
+        long_window_spec(config, kernel_layout, prepared->device.arch, *set, &forward, &backward);
     prepared->key = spec.key.hash;
+    prepared->slots = spec.slots;
     prepared->module = load_module(spec, compiled);
-    prepare_long_window(*prepared, *set, forward, backward, slots);
+    prepare_long_window(*prepared, *set, spec);
     logger_.debug("prepared {} on device {} ({}): long-window, {} forward and {} backward kernels",
                   config_label(config), device, prepared->device.arch, forward.size(),
                   backward.size());
@@ -177,6 +177,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
   const ModuleSpec spec = make_module_spec(config, kernel_layout, resolved, prepared->schedule,
                                            prepared->device.arch, compile_options_);
   prepared->key = spec.key.hash;
+  prepared->slots = spec.slots;
   prepared->module = load_module(spec, compiled);
   logger_.debug("prepared {} on device {} ({}): {}", config_label(config), device,
                 prepared->device.arch, prepared->schedule.describe());
@@ -186,7 +187,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
     d.check(d.api().cuDeviceGet(&dev, device), "cuDeviceGet");
     int regs = 0;
     int shared = 0;
-    const CUkernel bwd = prepared->kernel(kSwBackwardAtomic);
+    const CUkernel bwd = prepared->kernel(prepared->slots.short_window.backward_atomic);
     d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, bwd, dev),
             "cuKernelGetAttribute(registers)");
     d.check(d.api().cuKernelGetAttribute(&shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, bwd, dev),
@@ -272,7 +273,7 @@ PrewarmReport Service::compile_for_arch(const Config& config, const std::string&
     ModuleSpec spec;
     if (resolved == Family::kLongWindow) {
       std::vector<schedule::LongWindowSchedule> forward, backward;
-      spec = long_window_spec(config, layout, arch, *set, &forward, &backward, nullptr);
+      spec = long_window_spec(config, layout, arch, *set, &forward, &backward);
     } else {
       spec =
           make_module_spec(config, layout, resolved, schedule_for(config), arch, compile_options_);

@@ -83,14 +83,10 @@ class Service {
   ModuleSpec long_window_spec(const Config& config, int kernel_layout, const std::string& arch,
                               const schedule::ScheduleSet& set,
                               std::vector<schedule::LongWindowSchedule>* forward,
-                              std::vector<schedule::LongWindowSchedule>* backward,
-                              LongWindowSlots* slots) const;
-  // The bucket records of `p`, whose module holds the kernels `forward` and `backward` (as
-  // long_window_spec listed them) at `slots`.
-  void prepare_long_window(Prepared& p, const schedule::ScheduleSet& set,
-                           const std::vector<schedule::LongWindowSchedule>& forward,
-                           const std::vector<schedule::LongWindowSchedule>& backward,
-                           const LongWindowSlots& slots);
+                              std::vector<schedule::LongWindowSchedule>* backward) const;
+  // The bucket records of `p`, whose module (`spec`, from long_window_spec) holds every
+  // bucket's kernel.
+  void prepare_long_window(Prepared& p, const schedule::ScheduleSet& set, const ModuleSpec& spec);
   void forward_long(const Prepared& p, const ForwardArgs& a, CUstream stream);
   void backward_long(const Prepared& p, const BackwardArgs& a, CUstream stream);
 

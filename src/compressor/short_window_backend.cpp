@@ -38,7 +38,7 @@ void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream s
   if (p.family == Family::kReference) {
     shape.grid_x = blocks_for(a.total_comp * a.config.head_dim, kReferenceThreads);
     shape.block_x = kReferenceThreads;
-    launch::launch(driver(), p.kernel(kRefForward), shape, params, stream,
+    launch::launch(driver(), p.kernel(p.slots.reference.forward), shape, params, stream,
                    "reference forward launch");
     return;
   }
@@ -47,7 +47,7 @@ void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream s
   shape.block_x = static_cast<unsigned>(choice.threads);
   shape.programmatic = p.programmatic;
   shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
-  const int slot = choice.wide ? kSwForwardWide : kSwForward;
+  const int slot = choice.wide ? p.slots.short_window.forward_wide : p.slots.short_window.forward;
   launch::launch(driver(), p.kernel(slot), shape, params, stream, "forward launch");
 }
 
@@ -72,16 +72,17 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
     shape.block_x = kReferenceThreads;
     if (a.total_tokens > 0) {
       shape.grid_x = blocks_for(a.total_tokens * width, kReferenceThreads);
-      launch::launch(d, p.kernel(kRefBackwardZeros), shape, params, stream,
+      launch::launch(d, p.kernel(p.slots.reference.backward_zeros), shape, params, stream,
                      "reference backward zeros launch");
     }
     if (a.total_comp > 0) {
       shape.grid_x = blocks_for(a.total_comp * c.head_dim, kReferenceThreads);
-      launch::launch(d, p.kernel(kRefBackwardRows), shape, params, stream,
+      launch::launch(d, p.kernel(p.slots.reference.backward_rows), shape, params, stream,
                      "reference backward launch");
     }
     shape.grid_x = blocks_for(ape_elems, kReferenceThreads);
-    launch::launch(d, p.kernel(kRefGradApe), shape, params, stream, "reference grad_ape launch");
+    launch::launch(d, p.kernel(p.slots.reference.grad_ape), shape, params, stream,
+                   "reference grad_ape launch");
     return;
   }
 
@@ -107,7 +108,8 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
     const CUdeviceptr words = accumulate ? 0 : scratch_.claim_words(grid.grid_x, capturing, stream);
     if (words != 0 || accumulate || !s.fixed_order_default) {
       prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
-      launch::launch(d, p.kernel(kSwBackwardAtomic), shape, params, stream, "backward launch");
+      launch::launch(d, p.kernel(p.slots.short_window.backward_atomic), shape, params, stream,
+                     "backward launch");
       return;
     }
     fixed_order = true;
@@ -118,9 +120,11 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
-  launch::launch(d, p.kernel(kSwBackwardFixed), shape, params, stream, "backward launch");
-  launch_ape_reduce(d, p.kernel(kSwApeReduce), params.workspace, a, ape_elems, grid.grid_y,
-                    {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream);
+  launch::launch(d, p.kernel(p.slots.short_window.backward_fixed), shape, params, stream,
+                 "backward launch");
+  launch_ape_reduce(d, p.kernel(p.slots.short_window.ape_reduce), params.workspace, a, ape_elems,
+                    grid.grid_y, {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic,
+                    stream);
 }
 
 }  // namespace csa::compressor

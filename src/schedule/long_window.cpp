@@ -17,22 +17,15 @@ std::string LongWindowSchedule::describe() const {
       rows_per_cta, atomic_ape ? "atomic" : "fixed_order");
 }
 
-std::string LongWindowSchedule::template_args() const {
-  if (staged) {
-    return fmt::format("{},{},{},{},{}", vec, cols, threads, serial ? "true" : "false",
-                       fast_exp ? "true" : "false");
-  }
-  if (kernel_direction == Direction::kBackward) {
-    return fmt::format("{},{},{},{},{},{}", vec, cols / vec, window_lanes(), stages,
-                       fast_exp ? "true" : "false", atomic_ape ? "true" : "false");
-  }
-  return fmt::format("{},{},{},{},{}", vec, cols / vec, window_lanes(), serial ? "true" : "false",
-                     fast_exp ? "true" : "false");
-}
-
-std::string LongWindowSchedule::kernel_prefix(Direction direction) const {
-  const char* dir = direction == Direction::kForward ? "forward" : "backward";
-  return fmt::format("csa_kernel::{}_window_{}", staged ? "long" : "lane", dir);
+bool LongWindowSchedule::same_kernel(const LongWindowSchedule& o) const {
+  if (staged != o.staged || vec != o.vec || cols != o.cols || threads != o.threads ||
+      fast_exp != o.fast_exp)
+    return false;
+  // The lanes-form backward compiles its ring stages and grad_ape mode; the other forms the
+  // serial order.
+  if (!staged && kernel_direction == Direction::kBackward)
+    return stages == o.stages && atomic_ape == o.atomic_ape;
+  return serial == o.serial;
 }
 
 int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {

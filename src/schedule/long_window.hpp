@@ -34,17 +34,14 @@ struct LongWindowSchedule {
   // Set by fit_long_window: the lanes form's template arguments differ per direction.
   Direction kernel_direction = Direction::kForward;
 
-  std::string describe() const;                          // every field, for logs and `csa schedule`
-  std::string template_args() const;                     // the kernel template's schedule arguments
-  std::string kernel_prefix(Direction direction) const;  // "csa_kernel::lane_window_forward"
+  std::string describe() const;  // every field, for logs and `csa schedule`
   int window_lanes() const { return threads / (cols / vec); }  // lanes form
   // Lanes form: window values a thread holds (its slots of a `window`-slot window, x vec).
   int window_values(int window) const {
     return (window + window_lanes() - 1) / window_lanes() * vec;
   }
-  bool same_kernel(const LongWindowSchedule& o) const {
-    return staged == o.staged && template_args() == o.template_args();
-  }
+  // Whether `o` compiles to the same kernel: equal compile-time fields of its form.
+  bool same_kernel(const LongWindowSchedule& o) const;
   bool bitwise() const { return serial && !fast_exp; }
   // The same kernel with grad_ape in the fixed order: what deterministic calls of an atomic
   // bucket launch (compiled beside it).
