@@ -46,6 +46,8 @@ usage --direction schedule select --ratio 4 --coff 2 --head-dim 128 --rows 1 --a
 usage FILE schedule validate "$work/absent.json"
 usage --coff tune --ratio 4 --head-dim 128
 usage --rows tune --ratio 128 --coff 1 --head-dim 512 --rows 0
+usage --dtype tune --ratio 128 --coff 1 --head-dim 512 --dtype fp8
+usage --layout tune --ratio 128 --coff 1 --head-dim 512 --layout bshd
 usage subcommand cache frobnicate
 usage subcommand
 

@@ -14,11 +14,14 @@
 #include <thread>
 
 #include "gpu_fixture.hpp"
+#include "contract.hpp"
 #include "layout_data.hpp"
 
 namespace csa::test {
 namespace {
 
+using tools::contract_failure;
+using tools::diff;
 using tools::element_size;
 using tools::element_value;
 using tools::encode;
@@ -201,51 +204,6 @@ struct IoProblem {
     return o;
   }
 };
-
-// Bits of the elements where a and b differ, and the largest |a - b| (relative for fp32).
-struct Diff {
-  std::size_t differing = 0;
-  double max_abs = 0.0;
-  std::size_t nan_mismatch = 0;
-};
-
-Diff diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b, DType t) {
-  Diff d;
-  const std::size_t n = a.size() / static_cast<std::size_t>(element_size(t));
-  for (std::size_t i = 0; i < n; ++i) {
-    const double x = element_value(a, t, i), y = element_value(b, t, i);
-    if (std::isnan(x) || std::isnan(y)) {
-      d.nan_mismatch += std::isnan(x) != std::isnan(y) ? 1 : 0;
-      if (std::isnan(x)) ++d.differing;
-      continue;
-    }
-    if (x != y) ++d.differing;
-    d.max_abs = std::max(d.max_abs,
-                         std::fabs(x - y) / (t == DType::kF32 ? std::max(1.0, std::fabs(y)) : 1.0));
-  }
-  return d;
-}
-
-// The type's contract against the reference kernel: bitwise (short-window); the tolerance
-// contract (bf16: <= max(1, 0.1 %) differing, max |diff| <= 1.6e-2; fp16 rounds 8 times finer,
-// so the same fp32 reordering flips about 8 times as many roundings: <= max(1, 1 %); fp32:
-// every element within 2^-16 relative).
-std::string contract_failure(const std::vector<std::uint8_t>& got,
-                             const std::vector<std::uint8_t>& ref, DType t, bool bitwise,
-                             const char* name) {
-  const Diff d = diff(got, ref, t);
-  if (d.nan_mismatch > 0) return fmt::format("{}: {} NaN mismatches", name, d.nan_mismatch);
-  if (bitwise) {
-    return d.differing == 0 ? "" : fmt::format("{}: {} elements differ", name, d.differing);
-  }
-  const std::size_t n = got.size() / static_cast<std::size_t>(element_size(t));
-  if (t == DType::kF32)
-    return d.max_abs <= 0x1p-16 ? "" : fmt::format("{}: max rel diff {}", name, d.max_abs);
-  const std::size_t allowed = std::max<std::size_t>(1, t == DType::kF16 ? n / 100 : n / 1000);
-  if (d.differing > allowed || d.max_abs > 1.6e-2)
-    return fmt::format("{}: {} differing of {}, max |diff| {}", name, d.differing, n, d.max_abs);
-  return "";
-}
 
 class GpuIo : public Gpu, public ::testing::WithParamInterface<IoCase> {};
 

@@ -3,8 +3,10 @@
 // arithmetic as bf16 (hand-computed rows).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
+#include "contract.hpp"
 #include "layout_data.hpp"
 #include "test_util.hpp"
 
@@ -16,6 +18,56 @@ using tools::to_sbhd;
 
 using reference::float_to_fp16;
 using reference::fp16_to_float;
+
+// The per-type contract the GPU tests and the tuner apply, on hand-made tensors.
+TEST(Contract, EachTypeAllowsItsShareOfDifferingElementsAndNoNaNMismatch) {
+  using tools::contract_failure;
+  const auto bf16 = [](const std::vector<float>& v) {
+    std::vector<std::uint16_t> h;
+    for (float x : v) h.push_back(reference::float_to_bf16(x));
+    return h;
+  };
+  std::vector<float> base(4000, 0.5f);
+  const auto ref = bf16(base);
+  auto near = base;
+  for (int i = 0; i < 4; ++i) near[static_cast<std::size_t>(i)] = 0.50390625f;  // one bf16 step
+  for (DType t : {DType::kBf16, DType::kF16}) {
+    const auto r = encode(ref, t);
+    const auto g = encode(bf16(near), t);
+    EXPECT_EQ(contract_failure(r, r, t, true, "out"), "");
+    EXPECT_NE(contract_failure(g, r, t, true, "out"), "");   // bitwise: none may differ
+    EXPECT_EQ(contract_failure(g, r, t, false, "out"), "");  // 4 of 4000: within 0.1 % and 1 %
+  }
+  // bf16: 0.1 % of 4000 is 4; at half the margin (the tuner's) 2.
+  EXPECT_NE(contract_failure(encode(bf16(near), DType::kBf16), encode(ref, DType::kBf16),
+                             DType::kBf16, false, "out", 0.5),
+            "");
+  // fp16 allows 1 %: 40 elements.
+  auto many = base;
+  for (int i = 0; i < 40; ++i) many[static_cast<std::size_t>(i)] = 0.50390625f;
+  EXPECT_EQ(contract_failure(encode(bf16(many), DType::kF16), encode(ref, DType::kF16), DType::kF16,
+                             false, "out"),
+            "");
+  EXPECT_NE(contract_failure(encode(bf16(many), DType::kBf16), encode(ref, DType::kBf16),
+                             DType::kBf16, false, "out"),
+            "");
+  // fp32: every element within 2^-16 relative, however many differ.
+  const auto f32 = [](const std::vector<float>& v) {
+    std::vector<std::uint8_t> b(v.size() * 4);
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  auto close = base;
+  for (auto& x : close) x *= 1.0f + 0x1p-20f;
+  EXPECT_EQ(contract_failure(f32(close), f32(base), DType::kF32, false, "out"), "");
+  close[7] = 0.5f * (1.0f + 0x1p-14f);
+  EXPECT_NE(contract_failure(f32(close), f32(base), DType::kF32, false, "out"), "");
+  // A NaN where the reference has none fails every contract, and names the tensor.
+  auto nan = base;
+  nan[3] = std::nanf("");
+  const std::string why = contract_failure(f32(nan), f32(base), DType::kF32, false, "grad_kv");
+  EXPECT_NE(why.find("grad_kv: 1 NaN"), std::string::npos) << why;
+}
 
 TEST(Fp16, RoundsToNearestEvenSaturatesToInfAndKeepsSubnormals) {
   EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <utility>
 
 #include "csa/reference.hpp"
+#include "layout_data.hpp"
 #include "parse.hpp"
 
 namespace csa::tools {
@@ -73,48 +75,91 @@ std::int64_t backward_bytes(const HostInputs& in, int element_bytes) {
   return element_bytes * (4 * in.total_tokens * width + in.total_comp * in.config.head_dim);
 }
 
+LaidInputs lay_out(const HostInputs& in, DType dtype, Layout layout, std::int64_t stride) {
+  const Config& c = in.config;
+  const int bytes = element_size(dtype);
+  const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
+  LaidInputs l;
+  l.kv = encode(in.kv, dtype);
+  l.score = encode(in.score, dtype);
+  l.grad_out = encode(in.grad_out, dtype);
+  if (layout == Layout::kSbhd) {
+    const auto batch = static_cast<std::int64_t>(in.cu.size()) - 1;
+    l.seq_len = batch > 0 ? in.cu[1] - in.cu[0] : 0;
+    for (std::size_t b = 1; b < in.cu.size(); ++b) {
+      if (in.cu[b] - in.cu[b - 1] != l.seq_len)
+        throw std::invalid_argument("sbhd needs a pack of equal lengths (NxLEN)");
+    }
+    l.kv = to_sbhd(l.kv, l.seq_len, batch, width, bytes);
+    l.score = to_sbhd(l.score, l.seq_len, batch, width, bytes);
+    l.grad_out = to_sbhd(l.grad_out, l.seq_len / c.ratio, batch, c.head_dim, bytes);
+  }
+  if (stride != 0) {
+    l.kv = spread(l.kv, in.total_tokens, width, stride, bytes);
+    l.score = spread(l.score, in.total_tokens, width, stride, bytes);
+  }
+  return l;
+}
+
+namespace {
+
+LaidInputs laid_as_configured(const HostInputs& in) {
+  return lay_out(in, in.config.dtype, in.config.layout);
+}
+
+std::size_t element_bytes(const HostInputs& in) {
+  return static_cast<std::size_t>(element_size(in.config.dtype));
+}
+
+}  // namespace
+
 DeviceInputs::DeviceInputs(HostInputs host)
     : in(std::move(host)),
       cu(in.cu.size() * 4),
       cuc(in.cuc.size() * 4),
       ape(in.ape.size() * 4),
-      kv(in.kv.size() * 2),
-      score(in.score.size() * 2),
-      grad_out(in.grad_out.size() * 2),
-      out(in.grad_out.size() * 2),
-      grad_kv(in.kv.size() * 2),
-      grad_score(in.kv.size() * 2),
+      kv(in.kv.size() * element_bytes(in)),
+      score(in.score.size() * element_bytes(in)),
+      grad_out(in.grad_out.size() * element_bytes(in)),
+      out(in.grad_out.size() * element_bytes(in)),
+      grad_kv(in.kv.size() * element_bytes(in)),
+      grad_score(in.kv.size() * element_bytes(in)),
       grad_ape(in.ape.size() * 4) {
+  const LaidInputs laid = laid_as_configured(in);
+  seq_len = laid.seq_len;
   cu.upload(in.cu.data(), cu.size());
   cuc.upload(in.cuc.data(), cuc.size());
   ape.upload(in.ape.data(), ape.size());
-  kv.upload(in.kv.data(), kv.size());
-  score.upload(in.score.data(), score.size());
-  grad_out.upload(in.grad_out.data(), grad_out.size());
+  kv.upload(laid.kv.data(), kv.size());
+  score.upload(laid.score.data(), score.size());
+  grad_out.upload(laid.grad_out.data(), grad_out.size());
 }
 
 ForwardArgs DeviceInputs::forward() const {
+  const bool sbhd = in.config.layout == Layout::kSbhd;
   ForwardArgs a;
   a.kv = kv.get();
   a.score = score.get();
   a.ape = ape.as<float>();
-  a.cu_seqlens = cu.as<std::int32_t>();
-  a.cu_seqlens_comp = cuc.as<std::int32_t>();
+  a.cu_seqlens = sbhd ? nullptr : cu.as<std::int32_t>();
+  a.cu_seqlens_comp = sbhd ? nullptr : cuc.as<std::int32_t>();
   a.out = out.get();
   a.total_tokens = in.total_tokens;
   a.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
   a.total_comp = in.total_comp;
   a.config = in.config;
+  a.seq_len = seq_len;
   return a;
 }
 
 BackwardArgs DeviceInputs::backward(std::uint32_t flags) const {
+  const bool sbhd = in.config.layout == Layout::kSbhd;
   BackwardArgs a;
   a.kv = kv.get();
   a.score = score.get();
   a.ape = ape.as<float>();
-  a.cu_seqlens = cu.as<std::int32_t>();
-  a.cu_seqlens_comp = cuc.as<std::int32_t>();
+  a.cu_seqlens = sbhd ? nullptr : cu.as<std::int32_t>();
+  a.cu_seqlens_comp = sbhd ? nullptr : cuc.as<std::int32_t>();
   a.grad_out = grad_out.get();
   a.grad_kv = grad_kv.get();
   a.grad_score = grad_score.get();
@@ -124,7 +169,14 @@ BackwardArgs DeviceInputs::backward(std::uint32_t flags) const {
   a.total_comp = in.total_comp;
   a.config = in.config;
   a.flags = flags;
+  a.seq_len = seq_len;
   return a;
+}
+
+std::vector<std::uint8_t> DeviceInputs::download(const device::Buffer& buffer) {
+  std::vector<std::uint8_t> h(buffer.size());
+  buffer.download(h.data(), buffer.size());
+  return h;
 }
 
 std::vector<std::uint16_t> DeviceInputs::download16(const device::Buffer& buffer) {

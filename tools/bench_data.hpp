@@ -30,16 +30,28 @@ struct HostInputs {
 
 HostInputs make_inputs(const Config& config, const Pack& pack, std::uint64_t seed);
 
-// One problem's inputs uploaded to the current device, with its output buffers sized from
-// them, and the call arguments over them (sizes as `host` gives them: the benchmark's have no
-// spare capacity, the GPU tests' do).
+// The tensors of `in` as a call takes them: `dtype` elements, in SBHD one segment per batch
+// column (the segments must have equal lengths: std::invalid_argument otherwise), kv / score
+// rows `stride` elements apart (0: packed; the gaps hold 0xff).
+struct LaidInputs {
+  std::vector<std::uint8_t> kv, score, grad_out;
+  std::int64_t seq_len = 0;  // SBHD: S
+};
+LaidInputs lay_out(const HostInputs& in, DType dtype, Layout layout, std::int64_t stride = 0);
+
+// One problem's inputs uploaded to the current device in the element type and layout of
+// `host.config` (packed rows), with its output buffers sized from them, and the call arguments
+// over them (sizes as `host` gives them: the benchmark's have no spare capacity, the GPU
+// tests' do).
 struct DeviceInputs {
   explicit DeviceInputs(HostInputs host);
   ForwardArgs forward() const;
   BackwardArgs backward(std::uint32_t flags = 0) const;
   static std::vector<std::uint16_t> download16(const device::Buffer& buffer);
+  static std::vector<std::uint8_t> download(const device::Buffer& buffer);
 
   HostInputs in;
+  std::int64_t seq_len = 0;  // SBHD: S
   device::Buffer cu, cuc, ape, kv, score, grad_out, out, grad_kv, grad_score, grad_ape;
 };
 

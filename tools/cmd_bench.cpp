@@ -111,39 +111,14 @@ double copy_bandwidth(Stream stream, int reps) {
   return 2.0 * static_cast<double>(bytes) / (us * 1e-6);  // bytes read + written per second
 }
 
-// The shape's tensors as the call takes them: `o.dtype` elements, SBHD rows (one pack segment
-// per batch column; every segment must have the same length), kv/score/grad rows `o.stride`
-// elements apart.
-struct Laid {
-  std::vector<std::uint8_t> kv, score, grad_out;
-  std::int64_t token_stride = 0;  // elements
-  std::int64_t seq_len = 0;       // SBHD: S
-};
-
-Laid lay_out(const HostInputs& in, const Shape& shape, const BenchOptions& o) {
-  const Config& c = shape.config;
-  const int bytes = element_size(o.dtype);
-  const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
-  Laid l;
-  l.kv = encode(in.kv, o.dtype);
-  l.score = encode(in.score, o.dtype);
-  l.grad_out = encode(in.grad_out, o.dtype);
-  if (o.layout == Layout::kSbhd) {
-    const auto& lens = shape.pack.seqlens;
-    if (std::adjacent_find(lens.begin(), lens.end(), std::not_equal_to<>()) != lens.end())
-      throw CLI::ValidationError("--layout", "sbhd needs a pack of equal lengths (NxLEN)");
-    const auto batch = static_cast<std::int64_t>(lens.size());
-    l.seq_len = lens.front();
-    l.kv = to_sbhd(l.kv, l.seq_len, batch, width, bytes);
-    l.score = to_sbhd(l.score, l.seq_len, batch, width, bytes);
-    l.grad_out = to_sbhd(l.grad_out, l.seq_len / c.ratio, batch, c.head_dim, bytes);
+// The shape's tensors as the call takes them (`o.dtype`, `o.layout`, kv/score rows `o.stride`
+// elements apart).
+LaidInputs laid_for(const HostInputs& in, const BenchOptions& o) {
+  try {
+    return lay_out(in, o.dtype, o.layout, o.stride);
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError("--layout", e.what());
   }
-  l.token_stride = o.stride == 0 ? width : o.stride;
-  if (o.stride != 0) {
-    l.kv = spread(l.kv, in.total_tokens, width, o.stride, bytes);
-    l.score = spread(l.score, in.total_tokens, width, o.stride, bytes);
-  }
-  return l;
 }
 
 nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const BenchOptions& o,
@@ -152,7 +127,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   Config c = shape.config;
   c.dtype = o.dtype;
   c.layout = o.layout;
-  const Laid laid = lay_out(in, shape, o);
+  const LaidInputs laid = laid_for(in, o);
   const bool sbhd = o.layout == Layout::kSbhd;
   const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
   const auto esize = static_cast<std::size_t>(element_size(o.dtype));

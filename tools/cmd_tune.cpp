@@ -1,8 +1,10 @@
-// `csa tune`: measures candidate long-window schedules of one configuration on this GPU, each
-// checked against the reference kernels before it is timed (with a margin inside the contract),
+// `csa tune`: measures candidate long-window schedules of one configuration (in the element type
+// and layout it names) on this GPU, each checked against the reference kernels of that type and
+// layout before it is timed (with a margin inside the type's contract),
 // picks one per measured row count (the fastest; the bitwise one when within 10 %; for forward
 // outputs under 16K elements the fastest bitwise one at each measured row count there), and
-// writes a schedule table: the table serving this device's arch with the tuned entries put first.
+// writes a schedule table: the table serving this device's arch with the tuned entries put first
+// (keyed on the type and layout unless bf16 THD, replacing only entries with the same keys).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,9 +15,10 @@
 #include <thread>
 
 #include "bench_data.hpp"
+#include "contract.hpp"
 #include "commands.hpp"
 #include "csa/testing/device.hpp"
-#include "csa/reference.hpp"
+#include "layout_data.hpp"
 #include "timing.hpp"
 #include "tune_plan.hpp"
 
@@ -33,36 +36,21 @@ struct TuneOptions {
   std::vector<std::string> directions;  // empty: both
 };
 
-// The SPEC §2 item 3 rule (or bit equality) against the reference kernels, with a margin: a
-// reordered candidate may differ on at most half the elements the contract allows, so that
-// other inputs of the same bucket stay inside it.
+// The contract of the call's element type (or bit equality) against the reference kernels,
+// with a margin: a reordered candidate may differ on at most half the elements the contract
+// allows, so that other inputs of the same bucket stay inside it.
+constexpr double kTuningMargin = 0.5;
+
 struct CheckResult {
   std::string failure;  // "" when it holds
   std::size_t differing = 0;
 };
 
-CheckResult check(const std::vector<std::uint16_t>& got, const std::vector<std::uint16_t>& ref,
+CheckResult check(const device::Buffer& got, const std::vector<std::uint8_t>& ref, DType dtype,
                   bool bitwise, const char* name) {
-  CheckResult r;
-  double max_abs = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const float a = reference::bf16_to_float(got[i]);
-    const float b = reference::bf16_to_float(ref[i]);
-    if (std::isnan(a) != std::isnan(b)) {
-      r.failure = fmt::format("{}: NaN mask differs at {}", name, i);
-      return r;
-    }
-    if (got[i] != ref[i]) ++r.differing;
-    if (!std::isnan(a)) max_abs = std::max(max_abs, static_cast<double>(std::fabs(a - b)));
-  }
-  const std::size_t contract = std::max<std::size_t>(1, got.size() / 1000);
-  const std::size_t allowed = bitwise ? 0 : contract / 2;
-  if (r.differing > allowed || max_abs > 1.6e-2) {
-    r.failure =
-        fmt::format("{}: {} differing (tuning allows {} of the contract's {}), max |diff| {:.3g}",
-                    name, r.differing, allowed, contract, max_abs);
-  }
-  return r;
+  const auto bytes = DeviceInputs::download(got);
+  return {contract_failure(bytes, ref, dtype, bitwise, name, kTuningMargin),
+          diff(bytes, ref, dtype).differing};
 }
 
 // grad_ape in the default mode (fixed order or atomic): max |diff| <= 1e-3 (SPEC §2 item 5).
@@ -99,8 +87,9 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
   const std::string arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
   device::StreamHandle stream;
   const Config& c = o.config;
-  fmt::print("tuning ratio={} coff={} head_dim={} on {} ({}), rows {}\n", c.ratio, c.coff,
-             c.head_dim, dev.name, arch, fmt::join(o.rows, ","));
+  fmt::print("tuning ratio={} coff={} head_dim={} {} {} on {} ({}), rows {}\n", c.ratio, c.coff,
+             c.head_dim, dtype_name(c.dtype), layout_name(c.layout), dev.name, arch,
+             fmt::join(o.rows, ","));
   std::vector<std::int64_t> rows = o.rows;
   std::sort(rows.begin(), rows.end());
   std::vector<nlohmann::json> entries;
@@ -154,15 +143,17 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
       rt.forward(p.forward(), stream.get(), Family::kReference);
       rt.backward(p.backward(), stream.get(), Family::kReference);
       device::synchronize(stream.get());
-      const auto ref_out = p.download16(p.out);
-      const auto ref_kv = p.download16(p.grad_kv);
-      const auto ref_score = p.download16(p.grad_score);
+      const auto ref_out = DeviceInputs::download(p.out);
+      const auto ref_kv = DeviceInputs::download(p.grad_kv);
+      const auto ref_score = DeviceInputs::download(p.grad_score);
       std::vector<float> ref_ape(p.grad_ape.size() / sizeof(float));
       p.grad_ape.download(ref_ape.data(), p.grad_ape.size());
       // Timed as csa bench times: over copies of the inputs rotated past the L2, so that every
       // row count is measured reading from DRAM (one L2-resident set favours other schedules).
+      const int esize = element_size(c.dtype);
       const int sets = rotation_sets(
-          dir == Direction::kForward ? forward_bytes(p.in) : backward_bytes(p.in), dev.l2_bytes);
+          dir == Direction::kForward ? forward_bytes(p.in, esize) : backward_bytes(p.in, esize),
+          dev.l2_bytes);
       std::vector<std::unique_ptr<DeviceInputs>> copies;
       for (int s = 1; s < sets; ++s) copies.push_back(std::make_unique<DeviceInputs>(p.in));
       auto set = [&](int i) -> const DeviceInputs& {
@@ -184,17 +175,16 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
             if (dir == Direction::kForward) {
               cr.forward(p.forward(), stream.get());
               device::synchronize(stream.get());
-              const CheckResult out =
-                  check(p.download16(p.out), ref_out, candidates[i].bitwise, "out");
+              const CheckResult out = check(p.out, ref_out, c.dtype, candidates[i].bitwise, "out");
               why = out.failure;
               differing = out.differing;
             } else {
               cr.backward(p.backward(), stream.get());
               device::synchronize(stream.get());
               const CheckResult kv =
-                  check(p.download16(p.grad_kv), ref_kv, candidates[i].bitwise, "grad_kv");
+                  check(p.grad_kv, ref_kv, c.dtype, candidates[i].bitwise, "grad_kv");
               const CheckResult sc =
-                  check(p.download16(p.grad_score), ref_score, candidates[i].bitwise, "grad_score");
+                  check(p.grad_score, ref_score, c.dtype, candidates[i].bitwise, "grad_score");
               why = kv.failure.empty() ? sc.failure : kv.failure;
               if (why.empty()) why = check_grad_ape(p.grad_ape, ref_ape);
               differing = std::max(kv.differing, sc.differing);
@@ -270,8 +260,9 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
   base["arch"] = arch;
   const nlohmann::json table =
       merge_entries(base, entries,
-                    fmt::format("csa tune ratio={} coff={} head_dim={} on {}, rows {}", c.ratio,
-                                c.coff, c.head_dim, dev.name, fmt::join(rows, ",")));
+                    fmt::format("csa tune ratio={} coff={} head_dim={} {} {} on {}, rows {}",
+                                c.ratio, c.coff, c.head_dim, dtype_name(c.dtype),
+                                layout_name(c.layout), dev.name, fmt::join(rows, ",")));
   const std::string text = table.dump(2) + "\n";
   validate_schedule_table(text, "tuned table");
   const std::string out = o.out.empty() ? fmt::format("csa-tuned-{}.json", arch) : o.out;
@@ -287,6 +278,7 @@ void add_tune_command(CLI::App& app, Runtime*& runtime) {
   auto* cmd =
       app.add_subcommand("tune", "measure long-window schedules on this GPU and write a table");
   add_config_options(cmd, opts->config);
+  add_io_options(cmd, opts->config.dtype, opts->config.layout);
   cmd->add_option("--rows", opts->rows, "output row counts to measure, comma-separated")
       ->delimiter(',')
       ->capture_default_str()

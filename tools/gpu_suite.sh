@@ -5,7 +5,7 @@
 # comparison). Full logs go to OUTDIR; a summary is printed last.
 #   tools/gpu_suite.sh OUTDIR [BUILD_DIR]
 # CSA_SUITE_PARTS: the parts to run, ','-separated, of tests, atomic, prebuilt, sanitizers,
-#   python, bench, launch, long, torch (default: all).
+#   python, tune, bench, launch, long, torch (default: all).
 # CSA_SUITE_VARIANTS: extra benchmark runs, ';'-separated CSA_SHORT_WINDOW_SCHEDULE values.
 # The Python package is taken from python/ with CSA_LIBRARY=BUILD_DIR/libcsa.so.0 unless an
 # installed one is importable.
@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=$PATH:/usr/local/cuda/bin
 CSA_CACHE_DIR=${CSA_CACHE_DIR:-$(mktemp -d)/csa}
 export CSA_CACHE_DIR
-parts=",${CSA_SUITE_PARTS:-tests,atomic,prebuilt,sanitizers,python,bench,launch,long,torch},"
+parts=",${CSA_SUITE_PARTS:-tests,atomic,prebuilt,sanitizers,python,tune,bench,launch,long,torch},"
 want() { [[ $parts == *",$1,"* ]]; }
 if ! python3 -c 'import csa' 2>/dev/null; then
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
@@ -81,6 +81,21 @@ elif command -v compute-sanitizer >/dev/null; then
   summary+=("racecheck: rc=$? $(grep -E 'RACECHECK SUMMARY' "$out/racecheck.log" | tail -1)")
 else
   summary+=("memcheck: compute-sanitizer not found")
+fi
+
+if want tune; then
+  # A keyed tune: fp16 SBHD entries, which schedule select then names for fp16 SBHD calls only.
+  start=$(date +%s)
+  tuned="$out/tuned_fp16_sbhd.json"
+  "$build/csa" tune --ratio 128 --coff 1 --head-dim 512 --dtype fp16 --layout sbhd \
+    --rows 64,1024 --reps 3 --out "$tuned" >"$out/tune.txt" 2>&1
+  rc=$?
+  keyed=$(python3 -c 'import json, sys
+t = json.load(open(sys.argv[1]))
+print(sum(e.get("dtype") == "fp16" and e.get("layout") == "sbhd" for e in t["entries"]))' "$tuned" 2>&1)
+  names_entry() { CSA_SCHEDULE_FILE="$tuned" "$build/csa" schedule select --ratio 128 --coff 1 \
+    --head-dim 512 --rows 1024 "$@" 2>&1 | grep -c "(the fp16 sbhd entry)"; }
+  summary+=("tune fp16 sbhd: rc=$rc ($(($(date +%s) - start)) s), $keyed keyed entries; select names them for fp16 sbhd: $(names_entry --dtype fp16 --layout sbhd), for bf16 thd: $(names_entry)")
 fi
 
 if want bench; then
