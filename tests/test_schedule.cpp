@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "csa/csa.hpp"
+#include "csa_params.h"
 #include "schedule/short_window.hpp"
 
 namespace csa::test {
@@ -36,6 +37,35 @@ TEST(ShortWindowSchedule, BackwardResidencyTargetIsTheCompilersUnlessOverridden)
   EXPECT_THROW(schedule::select_short_window({4, 512, 2}, std::string("bmin=9")), Error);
   EXPECT_THROW(schedule::select_short_window({4, 512, 2}, std::string("tx=32,ty=32,bmin=3")),
                Error);
+}
+
+TEST(ShortWindowSchedule, LargeBackwardCallsOfOtherLayoutsAndTypesTakeTheResidentKernel) {
+  const Config c{4, 512, 2};  // a window of 8 slots
+  const auto s = schedule::select_short_window(c);
+  EXPECT_EQ(s.backward_resident_ctas, 3);
+  EXPECT_EQ(schedule::select_short_window({2, 512, 2}).backward_resident_ctas, 0);  // 4 slots
+  EXPECT_EQ(schedule::select_short_window({8, 512, 2}).backward_resident_ctas, 0);  // 16 slots
+  EXPECT_EQ(schedule::select_short_window({8, 128, 1}).backward_resident_ctas, 3);
+  // Packed bf16 keeps one backward kernel; every other type and layout gets the second.
+  EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kBf16, csa_kernel::kLayoutThdPacked), 0);
+  for (int layout : {csa_kernel::kLayoutThdStrided, csa_kernel::kLayoutSbhd})
+    EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kBf16, layout), 3);
+  EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kF16, csa_kernel::kLayoutThdPacked), 3);
+  for (int layout : {csa_kernel::kLayoutThdPacked, csa_kernel::kLayoutSbhd})
+    EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kF32, layout), 0);
+  // By elements: 4,2,512 at 1x4096 tokens (1024 rows) takes it; 4,2,128 at 1x8192 does not.
+  EXPECT_TRUE(schedule::backward_takes_resident(s, c, 1024));
+  EXPECT_TRUE(schedule::backward_takes_resident(s, c, 6144));
+  EXPECT_FALSE(schedule::backward_takes_resident(s, c, s.backward_resident_min_elements / 512 - 1));
+  EXPECT_FALSE(schedule::backward_takes_resident(schedule::select_short_window({4, 128, 2}),
+                                                 {4, 128, 2}, 2048));
+  // Overrides: bres=0 turns it off, bresmin moves the bound; both in describe().
+  const auto off = schedule::select_short_window(c, std::string("bres=0"));
+  EXPECT_FALSE(schedule::backward_takes_resident(off, c, 1 << 20));
+  const auto always = schedule::select_short_window(c, std::string("bresmin=0"));
+  EXPECT_TRUE(schedule::backward_takes_resident(always, c, 1));
+  EXPECT_NE(always.describe().find("bres=3,bresmin=0"), std::string::npos) << always.describe();
+  EXPECT_THROW(schedule::select_short_window(c, std::string("bres=9")), Error);  // 9 x 256 > 2048
 }
 
 TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
@@ -388,6 +418,26 @@ TEST(KernelTemplates, ModulesNameEveryKernelTheirLaunchesTake) {
             -1);  // another layout's kernel is not in it
   for (int slot : lw.slots.long_window.ape_reduce_quads) EXPECT_GE(slot, 0);
   EXPECT_GE(lw.slots.long_window.ape_reduce, 0);
+}
+
+TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward) {
+  const Config c{4, 512, 2};
+  const auto s = schedule::select_short_window(c);
+  const auto packed = compressor::make_module_spec(c, csa_kernel::kLayoutThdPacked,
+                                                   Family::kShortWindow, s, "sm_90", {});
+  EXPECT_EQ(packed.slots.short_window.backward_atomic_resident, -1);
+  EXPECT_EQ(packed.slots.short_window.backward_fixed_resident, -1);
+  const auto sbhd = compressor::make_module_spec(c, csa_kernel::kLayoutSbhd, Family::kShortWindow,
+                                                 s, "sm_90", {});
+  const auto& names = sbhd.request.name_expressions;
+  const auto& slots = sbhd.slots.short_window;
+  ASSERT_GE(slots.backward_atomic_resident, 0);
+  ASSERT_GE(slots.backward_fixed_resident, 0);
+  EXPECT_NE(names[static_cast<std::size_t>(slots.backward_atomic_resident)].find(",false,3>"),
+            std::string::npos);
+  EXPECT_NE(names[static_cast<std::size_t>(slots.backward_fixed_resident)].find(",true,3>"),
+            std::string::npos);
+  EXPECT_EQ(names.size(), packed.request.name_expressions.size() + 2);
 }
 
 TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {

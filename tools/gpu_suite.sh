@@ -5,7 +5,7 @@
 # comparison). Full logs go to OUTDIR; a summary is printed last.
 #   tools/gpu_suite.sh OUTDIR [BUILD_DIR]
 # CSA_SUITE_PARTS: the parts to run, ','-separated, of tests, atomic, prebuilt, sanitizers,
-#   python, tune, bench, launch, long, torch (default: all).
+#   resident, python, tune, bench, launch, long, torch (default: all).
 # CSA_SUITE_VARIANTS: extra benchmark runs, ';'-separated CSA_SHORT_WINDOW_SCHEDULE values.
 # The Python package is taken from python/ with CSA_LIBRARY=BUILD_DIR/libcsa.so.0 unless an
 # installed one is importable.
@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=$PATH:/usr/local/cuda/bin
 CSA_CACHE_DIR=${CSA_CACHE_DIR:-$(mktemp -d)/csa}
 export CSA_CACHE_DIR
-parts=",${CSA_SUITE_PARTS:-tests,atomic,prebuilt,sanitizers,python,tune,bench,launch,long,torch},"
+parts=",${CSA_SUITE_PARTS:-tests,atomic,prebuilt,sanitizers,resident,python,tune,bench,launch,long,torch},"
 want() { [[ $parts == *",$1,"* ]]; }
 if ! python3 -c 'import csa' 2>/dev/null; then
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
@@ -61,6 +61,20 @@ if want prebuilt && [ -d "$build/csa-kernels" ]; then
   summary+=("prebuilt layer, JIT off: cli rc=$rc, python rc=$?, $(grep -c 'csa-kernels' "$out/prebuilt.txt") served from csa-kernels")
 fi
 
+if want resident; then
+  # The resident backward kernels (by default only calls of 2^19 output elements or more take
+  # them) on every call of the layout and type matrix, and under the memory checker.
+  CSA_SHORT_WINDOW_SCHEDULE=bresmin=0 "$build/tests/csa_gpu_tests" --gtest_filter='*GpuIo*:Gpu.Adversarial*:Gpu.Sbhd*' \
+    >"$out/gpu_tests_resident.log" 2>&1
+  summary+=("gpu tests, resident backward on every call: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_resident.log" | tr '\n' ' ')")
+  if command -v compute-sanitizer >/dev/null; then
+    CSA_SHORT_WINDOW_SCHEDULE=bresmin=0 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      "$build/tests/csa_gpu_tests" --gtest_filter='Gpu.AdversarialStrides*:Gpu.SbhdShorter*' \
+      >"$out/memcheck_resident.log" 2>&1
+    summary+=("memcheck, resident backward: rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck_resident.log" | tail -1)")
+  fi
+fi
+
 if want python; then
   start=$(date +%s)
   python3 -m pytest -q -p no:cacheprovider python/tests >"$out/python_tests.log" 2>&1
@@ -88,7 +102,7 @@ if want tune; then
   start=$(date +%s)
   tuned="$out/tuned_fp16_sbhd.json"
   "$build/csa" tune --ratio 128 --coff 1 --head-dim 512 --dtype fp16 --layout sbhd \
-    --rows 64,1024 --reps 3 --out "$tuned" >"$out/tune.txt" 2>&1
+    --rows 32,256 --reps 3 --out "$tuned" >"$out/tune.txt" 2>&1
   rc=$?
   keyed=$(python3 -c 'import json, sys
 t = json.load(open(sys.argv[1]))

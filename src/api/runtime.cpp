@@ -98,6 +98,14 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     // The schedule the launch path uses, CSA_SHORT_WINDOW_SCHEDULE included.
     const schedule::ShortWindowSchedule s = impl_->service.schedule_for(config);
     choice.schedule = s.describe();
+    if (direction == Direction::kBackward) {
+      // The kernel of this row count: the resident one of the call's kernels, if they have one.
+      const int kernel_layout = compressor::kernel_layouts(config).back();
+      const bool resident =
+          schedule::backward_resident_ctas_for(s, config.dtype, kernel_layout) > 0 &&
+          schedule::backward_takes_resident(s, config, rows);
+      choice.schedule += resident ? ",kernel=resident" : ",kernel=default";
+    }
     choice.contract = "bitwise";
     const compressor::GradApeForm form = compressor::short_window_grad_ape(s);
     choice.grad_ape_atomic = direction == Direction::kBackward && form.atomic;

@@ -126,6 +126,12 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
                                   s.backward_ty, false, s.backward_min_ctas);
     slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
     slots.forward_wide = m.add(kt::kShortWindowForward, s.forward_wide_vec, s.forward_threads);
+    if (const int resident = schedule::backward_resident_ctas_for(s, c.dtype, kernel_layout)) {
+      slots.backward_fixed_resident = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
+                                            s.backward_ty, true, resident);
+      slots.backward_atomic_resident = m.add(kt::kShortWindowBackward, s.backward_vec,
+                                             s.backward_tx, s.backward_ty, false, resident);
+    }
   }
   const std::string label = fmt::format("{}-r{}-c{}-d{}-{}-{}", kind, c.ratio, c.coff, c.head_dim,
                                         io_label(c, kernel_layout), arch);

@@ -25,6 +25,9 @@ struct ShortWindowSlots {
   int forward_wide = -1;
   int backward_fixed = -1;   // grad_ape partials per row group, reduced by ape_reduce
   int backward_atomic = -1;  // grad_ape added atomically
+  // The same two with the residency target of backward_resident_ctas_for (large calls), or -1.
+  int backward_fixed_resident = -1;
+  int backward_atomic_resident = -1;
   int ape_reduce = -1;
 };
 struct ReferenceSlots {

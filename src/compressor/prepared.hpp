@@ -37,6 +37,7 @@ struct Prepared {
   DeviceTraits device;
   std::string key;                           // cache key of the module
   int backward_resident_ctas = 1;            // backward CTAs per SM (from the kernel's registers)
+  int resident_backward_ctas = 1;            // the same of the resident backward kernel, if any
   std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
   std::vector<PreparedBucket> long_backward;
   KernelSlots slots;          // the module's named kernels

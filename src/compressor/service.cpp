@@ -185,16 +185,23 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
     driver::Driver& d = loader_.get();
     CUdevice dev = 0;
     d.check(d.api().cuDeviceGet(&dev, device), "cuDeviceGet");
-    int regs = 0;
-    int shared = 0;
-    const CUkernel bwd = prepared->kernel(prepared->slots.short_window.backward_atomic);
-    d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, bwd, dev),
-            "cuKernelGetAttribute(registers)");
-    d.check(d.api().cuKernelGetAttribute(&shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, bwd, dev),
-            "cuKernelGetAttribute(shared memory)");
-    prepared->backward_resident_ctas = schedule::resident_ctas(
-        prepared->device.sm, prepared->schedule.backward_tx * prepared->schedule.backward_ty, regs,
-        shared);
+    // CTAs per SM of a backward kernel, from its registers and shared memory.
+    auto ctas_of = [&](int slot) {
+      int regs = 0;
+      int shared = 0;
+      const CUkernel bwd = prepared->kernel(slot);
+      d.check(d.api().cuKernelGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, bwd, dev),
+              "cuKernelGetAttribute(registers)");
+      d.check(d.api().cuKernelGetAttribute(&shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, bwd, dev),
+              "cuKernelGetAttribute(shared memory)");
+      return schedule::resident_ctas(
+          prepared->device.sm, prepared->schedule.backward_tx * prepared->schedule.backward_ty,
+          regs, shared);
+    };
+    const ShortWindowSlots& slots = prepared->slots.short_window;
+    prepared->backward_resident_ctas = ctas_of(slots.backward_atomic);
+    if (slots.backward_atomic_resident >= 0)
+      prepared->resident_backward_ctas = ctas_of(slots.backward_atomic_resident);
   }
   return prepared;
 }

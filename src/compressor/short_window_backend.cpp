@@ -87,8 +87,13 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   }
 
   const auto& s = p.schedule;
+  const ShortWindowSlots& slots = p.slots.short_window;
+  // Large calls take the resident kernel where the module has one.
+  const bool resident =
+      slots.backward_atomic_resident >= 0 && schedule::backward_takes_resident(s, c, a.total_comp);
   const auto grid =
-      schedule::backward_grid(s, c, a.total_comp, p.device.sm_count, p.backward_resident_ctas);
+      schedule::backward_grid(s, c, a.total_comp, p.device.sm_count,
+                              resident ? p.resident_backward_ctas : p.backward_resident_ctas);
   params.rows_per_cta = grid.rows_per_cta;
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(grid.grid_x);
@@ -108,8 +113,8 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
     const CUdeviceptr words = accumulate ? 0 : scratch_.claim_words(grid.grid_x, capturing, stream);
     if (words != 0 || accumulate || !s.fixed_order_default) {
       prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
-      launch::launch(d, p.kernel(p.slots.short_window.backward_atomic), shape, params, stream,
-                     "backward launch");
+      launch::launch(d, p.kernel(resident ? slots.backward_atomic_resident : slots.backward_atomic),
+                     shape, params, stream, "backward launch");
       return;
     }
     fixed_order = true;
@@ -120,11 +125,10 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
-  launch::launch(d, p.kernel(p.slots.short_window.backward_fixed), shape, params, stream,
-                 "backward launch");
-  launch_ape_reduce(d, p.kernel(p.slots.short_window.ape_reduce), params.workspace, a, ape_elems,
-                    grid.grid_y, {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic,
-                    stream);
+  launch::launch(d, p.kernel(resident ? slots.backward_fixed_resident : slots.backward_fixed),
+                 shape, params, stream, "backward launch");
+  launch_ape_reduce(d, p.kernel(slots.ape_reduce), params.workspace, a, ape_elems, grid.grid_y,
+                    {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream);
 }
 
 }  // namespace csa::compressor

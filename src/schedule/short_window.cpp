@@ -2,18 +2,21 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
 
 #include "common/error.hpp"
 #include "common/parse.hpp"
+#include "csa_params.h"
 
 namespace csa::schedule {
 
 std::string ShortWindowSchedule::describe() const {
   return fmt::format(
-      "fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},bmin={},lanes={},fixed={},one={},"
-      "cap={}",
+      "fv={},fnt={},fwv={},fwmin={},ft={},bv={},tx={},ty={},bmin={},bres={},bresmin={},lanes={},"
+      "fixed={},one={},cap={}",
       forward_vec, forward_narrow_threads, forward_wide_vec, forward_wide_min_elements,
-      forward_threads, backward_vec, backward_tx, backward_ty, backward_min_ctas, reduce_lanes,
+      forward_threads, backward_vec, backward_tx, backward_ty, backward_min_ctas,
+      backward_resident_ctas, backward_resident_min_elements, reduce_lanes,
       fixed_order_default ? 1 : 0, one_launch ? 1 : 0, captured_one_launch_min);
 }
 
@@ -63,6 +66,10 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
       s.backward_ty = value;
     else if (key == "bmin")
       s.backward_min_ctas = value;
+    else if (key == "bres")
+      s.backward_resident_ctas = value;
+    else if (key == "bresmin")
+      s.backward_resident_min_elements = value;
     else if (key == "fixed")
       s.fixed_order_default = value != 0;
     else if (key == "one")
@@ -120,6 +127,10 @@ ShortWindowSchedule select_short_window(const Config& c,
   // issue them in one batch of loads (8 lanes needed two); only ratio <= 2 with
   // coff * head_dim >= 1024 (deterministic) measured slower with 16, so it keeps 8.
   s.reduce_lanes = (c.ratio <= 2 && c.coff * c.head_dim >= 1024) ? 8 : 16;
+  // Windows of 5..8 slots: the packed bf16 kernel fits three 256-thread CTAs per SM in 80
+  // registers; the other layouts and types take 100-128 by default (two CTAs) and 80 with no
+  // spill when asked for three (sm_80..sm_100).
+  s.backward_resident_ctas = window >= 5 && window <= 8 ? 3 : 0;
   if (override_spec) apply_override(s, c, *override_spec);
   if (!override_spec || override_spec->find("tx=") == std::string::npos) {
     s.backward_tx = backward_block_x(c.head_dim / s.backward_vec);
@@ -128,12 +139,27 @@ ShortWindowSchedule select_short_window(const Config& c,
     s.backward_ty = backward_block_y(s.backward_tx);
   }
   // An SM holds at most 2048 threads (and 32 CTAs).
-  if (s.backward_min_ctas > 32 || s.backward_min_ctas * s.backward_tx * s.backward_ty > 2048) {
-    fail(Status::kInvalidArgument,
-         "schedule override: bmin={} CTAs of {} threads do not fit one SM (2048 threads)",
-         s.backward_min_ctas, s.backward_tx * s.backward_ty);
+  for (const auto& [name, ctas] :
+       {std::pair{"bmin", s.backward_min_ctas}, std::pair{"bres", s.backward_resident_ctas}}) {
+    if (ctas > 32 || ctas * s.backward_tx * s.backward_ty > 2048) {
+      fail(Status::kInvalidArgument,
+           "schedule override: {}={} CTAs of {} threads do not fit one SM (2048 threads)", name,
+           ctas, s.backward_tx * s.backward_ty);
+    }
   }
   return s;
+}
+
+int backward_resident_ctas_for(const ShortWindowSchedule& s, DType dtype, int kernel_layout) {
+  if (dtype == DType::kF32) return 0;
+  if (dtype == DType::kBf16 && kernel_layout == csa_kernel::kLayoutThdPacked) return 0;
+  return s.backward_resident_ctas;
+}
+
+bool backward_takes_resident(const ShortWindowSchedule& s, const Config& c,
+                             std::int64_t total_comp) {
+  return s.backward_resident_ctas > 0 &&
+         total_comp * c.head_dim >= s.backward_resident_min_elements;
 }
 
 int resident_ctas(const SmLimits& sm, int threads, int registers, int shared_bytes) {

@@ -26,7 +26,14 @@ struct ShortWindowSchedule {
   int backward_tx = 64;       // threads along column vectors
   int backward_ty = 4;        // row lanes per CTA (folded in fixed order for grad_ape)
   int backward_min_ctas = 0;  // CTAs per SM the backward's registers must fit (0: ptxas's choice)
-  int reduce_lanes = 8;       // fixed-order grad_ape reduction: lanes per column (see the rule)
+  // Large backward calls (total_comp * head_dim >= backward_resident_min_elements) of the
+  // kernels backward_resident_ctas_for() names run a second backward kernel whose registers
+  // must fit backward_resident_ctas CTAs per SM (0: no second kernel). Where the default
+  // kernel needs more registers than that, the DRAM-bound large calls measured faster with the
+  // residency and the small ones slower (docs/performance.md).
+  int backward_resident_ctas = 0;
+  std::int64_t backward_resident_min_elements = std::int64_t{1} << 19;
+  int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column (see the rule)
   bool fixed_order_default = true;  // grad_ape without atomics even when not asked for
   // A default (not deterministic) backward that fixed_order_default gives two launches (rows,
   // then the reduction) takes the atomic form in one launch instead, with claim words: half
@@ -51,8 +58,20 @@ struct ForwardChoice {
 ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& config,
                              std::int64_t total_comp);
 
+// The residency target of the second backward kernel of the module for `kernel_layout`
+// (csa_kernel::LayoutKind) in `dtype`; 0: that module has none. Packed bf16 has none: its
+// default kernel already fits three CTAs per SM (80 registers) where the rule asks for them;
+// fp32 has none: its resident kernel measured slower.
+int backward_resident_ctas_for(const ShortWindowSchedule& s, DType dtype, int kernel_layout);
+
+// Whether a backward call with `total_comp` rows takes the second (resident) kernel of a
+// module that has one.
+bool backward_takes_resident(const ShortWindowSchedule& s, const Config& config,
+                             std::int64_t total_comp);
+
 // `override_spec`:
-// "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,fixed=1,one=1,cap=128,rl=16" fields
+// "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,bmin=0,bres=3,bresmin=524288,fixed=1,
+// one=1,cap=128,rl=16" fields
 // replace the rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument)
 // on a bad field.
 ShortWindowSchedule select_short_window(const Config& config,
