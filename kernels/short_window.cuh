@@ -70,8 +70,9 @@ __device__ __forceinline__ void prefetch_row_window(const P& p, int row, int col
   }
 }
 
-template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS>
-__global__ void __launch_bounds__(THREADS)
+// MIN_CTAS: the CTAs per SM ptxas must fit (0: its own choice).
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int THREADS, int MIN_CTAS>
+__global__ void __launch_bounds__(THREADS, MIN_CTAS)
     short_window_forward(const __grid_constant__ ForwardParams p) {
   static_assert(COFF == 1 || COFF == 2, "coff");
   static_assert(HEAD_DIM % VEC == 0, "VEC must divide head_dim");

@@ -440,6 +440,25 @@ TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward)
   EXPECT_EQ(names.size(), packed.request.name_expressions.size() + 2);
 }
 
+TEST(ShortWindowSchedule, TheFp16WideForwardHasTheResidencyTarget) {
+  Config c{4, 512, 2};
+  EXPECT_EQ(schedule::select_short_window(c).forward_wide_min_ctas, 0);  // bf16
+  c.dtype = DType::kF16;
+  const auto s = schedule::select_short_window(c);
+  EXPECT_EQ(s.forward_wide_min_ctas, 3);
+  const auto spec = compressor::make_module_spec(c, csa_kernel::kLayoutThdPacked,
+                                                 Family::kShortWindow, s, "sm_90", {});
+  const auto& names = spec.request.name_expressions;
+  EXPECT_NE(names[static_cast<std::size_t>(spec.slots.short_window.forward_wide)].find(",4,256,3>"),
+            std::string::npos);  // the wide forward only
+  EXPECT_NE(names[static_cast<std::size_t>(spec.slots.short_window.forward)].find(",2,128,0>"),
+            std::string::npos);
+  EXPECT_EQ(schedule::select_short_window({8, 512, 2, DType::kF16}).forward_wide_min_ctas, 0);
+  EXPECT_THROW(schedule::select_short_window(c, std::string("fwctas=9")), Error);  // 9 x 256
+  EXPECT_NE(schedule::select_short_window(c, std::string("fwctas=2")).describe().find("fwctas=2"),
+            std::string::npos);
+}
+
 TEST(ScheduleTable, LaunchOnlyFieldsKeepTheCacheKey) {
   const std::string b1 = R"({"max_rows": 100, "vec": 2, "cols": 32, "threads": 256, "serial": false,
                               "fast_exp": true, "rows_per_cta": 0})";

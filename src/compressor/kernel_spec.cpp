@@ -119,13 +119,14 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
     slots.grad_ape = m.add(kt::kReferenceGradApe);
   } else {
     auto& slots = spec.slots.short_window;
-    slots.forward = m.add(kt::kShortWindowForward, s.forward_vec, s.forward_narrow_threads);
+    slots.forward = m.add(kt::kShortWindowForward, s.forward_vec, s.forward_narrow_threads, 0);
     slots.backward_fixed = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
                                  s.backward_ty, true, s.backward_min_ctas);
     slots.backward_atomic = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
                                   s.backward_ty, false, s.backward_min_ctas);
     slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
-    slots.forward_wide = m.add(kt::kShortWindowForward, s.forward_wide_vec, s.forward_threads);
+    slots.forward_wide = m.add(kt::kShortWindowForward, s.forward_wide_vec, s.forward_threads,
+                               s.forward_wide_min_ctas);
     if (const int resident = schedule::backward_resident_ctas_for(s, c.dtype, kernel_layout)) {
       slots.backward_fixed_resident = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
                                             s.backward_ty, true, resident);

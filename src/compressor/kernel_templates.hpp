@@ -22,8 +22,8 @@ struct KernelTemplate {
 
 namespace kernel_templates {
 
-// short_window.cuh: <shape, VEC, THREADS>
-inline constexpr KernelTemplate<2> kShortWindowForward{"short_window.cuh",
+// short_window.cuh: <shape, VEC, THREADS, MIN_CTAS>
+inline constexpr KernelTemplate<3> kShortWindowForward{"short_window.cuh",
                                                        "csa_kernel::short_window_forward"};
 // short_window.cuh: <shape, VEC, TX, TY, FIXED_ORDER, MIN_CTAS>
 inline constexpr KernelTemplate<5> kShortWindowBackward{"short_window.cuh",

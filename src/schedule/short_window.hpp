@@ -22,6 +22,8 @@ struct ShortWindowSchedule {
   int forward_wide_vec = 2;
   int forward_threads = 256;  // threads per CTA of the wide forward, one (row, vector) each
   std::int64_t forward_wide_min_elements = 600000;
+  int forward_wide_min_ctas = 0;  // CTAs per SM the wide forward must fit (0: ptxas's choice)
+                                  // (fp16 at windows of 5..8 slots: 3)
   int backward_vec = 2;
   int backward_tx = 64;       // threads along column vectors
   int backward_ty = 4;        // row lanes per CTA (folded in fixed order for grad_ape)
@@ -70,7 +72,7 @@ bool backward_takes_resident(const ShortWindowSchedule& s, const Config& config,
                              std::int64_t total_comp);
 
 // `override_spec`:
-// "fv=4,fnt=128,fwv=4,fwmin=600000,ft=256,bv=2,tx=64,ty=4,bmin=0,bres=3,bresmin=524288,fixed=1,
+// "fv=4,fnt=128,fwv=4,fwmin=600000,fwctas=0,ft=256,bv=2,tx=64,ty=4,bmin=0,bres=3,bresmin=524288,fixed=1,
 // one=1,cap=128,rl=16" fields
 // replace the rule's choice (CSA_SHORT_WINDOW_SCHEDULE; for tuning). Throws Error(kInvalidArgument)
 // on a bad field.
