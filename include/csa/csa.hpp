@@ -73,6 +73,31 @@ struct Config {
   bool strided = false;
 };
 
+// The Compressor's tail after the pooling, every stage optional (all off: the pooled rows):
+// y = H(rope(rmsnorm(pooled) ⊙ w)) in fp32, with one rounding of y to config.dtype
+// (docs/user-guide.md, "The tail").
+struct Tail {
+  // RMSNorm over head_dim, x · (mean(x²) + eps)^-1/2 ⊙ w; null: no norm.
+  const void* norm_weight = nullptr;  // (head_dim,) of norm_weight_dtype: bf16 or fp32
+  DType norm_weight_dtype = DType::kF32;
+  float eps = 1e-6f;
+  // RoPE on the last rope_dim columns (even, <= head_dim; 0: none) at each row's block index
+  // in its segment (its position is block * ratio; padding rows are at block 0): the pairs
+  // (2i, 2i+1) of those columns (interleaved), or (i, i + rope_dim / 2) with rope_interleaved
+  // false. a' = a·cos − b·sin, b' = a·sin + b·cos, cos and sin of row `block`, column i.
+  std::int32_t rope_dim = 0;
+  bool rope_interleaved = true;
+  const float* rope_cos = nullptr;  // (rope_max_blocks, rope_dim / 2)
+  const float* rope_sin = nullptr;  // (rope_max_blocks, rope_dim / 2)
+  std::int64_t rope_max_blocks = 0;
+  // The Hadamard transform of size head_dim (a power of two), scaled by head_dim^-1/2.
+  bool hadamard = false;
+
+  bool norm() const { return norm_weight != nullptr; }
+  bool rope() const { return rope_dim > 0; }
+  bool any() const { return norm() || rope() || hadamard; }
+};
+
 // Which kernels serve a call. kAuto routes by the schedule table (short-window for small
 // ratios, long-window for large ones). kReference is the plain one-thread-per-element kernel
 // of the SPEC op order, slow, for validation.

@@ -40,4 +40,23 @@ CSA_API void backward_fp32(const HostProblem& problem, const void* grad_out, voi
 CSA_API void backward_fp64(const HostProblem& problem, const void* grad_out, double* grad_kv,
                            double* grad_score, double* grad_ape);
 
+// The pooling and its tail (host pointers in `tail`). Forward: y, total_comp * head_dim of
+// config.dtype, each stage in fp32 (or fp64) in the order the user guide gives, y rounded
+// once; rstd (fp32 only, optional, needs the norm): total_comp values, each row's
+// (mean(x²) + eps)^-1/2. Throws Error(kInvalidArgument) naming the field on a bad tail, or a
+// row whose block has no RoPE table row.
+CSA_API void tail_forward_fp32(const HostProblem& problem, const Tail& tail, void* y,
+                               float* rstd = nullptr);
+CSA_API void tail_forward_fp64(const HostProblem& problem, const Tail& tail, double* y);
+
+// Backward from grad_y (total_comp * head_dim of config.dtype) through the tail and the pooling:
+// grad_kv, grad_score, grad_ape as backward_fp32, and grad_w (head_dim, fp32; needed with the
+// norm, else null) summed over the valid rows, overwritten unless `accumulate`.
+CSA_API void tail_backward_fp32(const HostProblem& problem, const Tail& tail, const void* grad_y,
+                                void* grad_kv, void* grad_score, float* grad_ape, float* grad_w,
+                                bool accumulate = false);
+CSA_API void tail_backward_fp64(const HostProblem& problem, const Tail& tail, const void* grad_y,
+                                double* grad_kv, double* grad_score, double* grad_ape,
+                                double* grad_w);
+
 }  // namespace csa::reference

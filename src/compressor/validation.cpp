@@ -1,6 +1,7 @@
 #include "compressor/validation.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "csa_params.h"
@@ -138,6 +139,41 @@ void validate_config(const Config& c) {
     fail(Status::kInvalidArgument, "coff is {} (supported: 1 or 2)", c.coff);
   if (c.head_dim < 1 || c.head_dim > kMaxHeadDim) {
     fail(Status::kInvalidArgument, "head_dim is {} (supported: 1..{})", c.head_dim, kMaxHeadDim);
+  }
+}
+
+void validate_tail(const Config& c, const Tail& t) {
+  if (t.norm()) {
+    if (t.norm_weight_dtype != DType::kBf16 && t.norm_weight_dtype != DType::kF32) {
+      fail(Status::kInvalidArgument, "tail.norm_weight_dtype is {} (supported: bf16 = 0, fp32 = 2)",
+           static_cast<int>(t.norm_weight_dtype));
+    }
+    if (!std::isfinite(t.eps) || t.eps <= 0.0f)
+      fail(Status::kInvalidArgument, "tail.eps is {} (must be finite and > 0)", t.eps);
+  }
+  if (t.rope_dim < 0 || t.rope_dim % 2 != 0 || t.rope_dim > c.head_dim) {
+    fail(Status::kInvalidArgument, "tail.rope_dim is {} (must be even, in 0..head_dim {})",
+         t.rope_dim, c.head_dim);
+  }
+  if (t.rope()) {
+    if (t.rope_cos == nullptr || t.rope_sin == nullptr) {
+      fail(Status::kInvalidArgument, "tail.rope_{} is null with rope_dim {}",
+           t.rope_cos == nullptr ? "cos" : "sin", t.rope_dim);
+    }
+    // Entries of one table must stay within int64 (and within the int32 indexing of kernels).
+    constexpr std::int64_t kMaxTableEntries = (std::int64_t{1} << 31) - 1;
+    if (t.rope_max_blocks < 1 || t.rope_max_blocks > kMaxTableEntries / (t.rope_dim / 2)) {
+      fail(Status::kInvalidArgument,
+           "tail.rope_max_blocks is {} (must be >= 1, and rows * rope_dim / 2 < 2^31)",
+           t.rope_max_blocks);
+    }
+  } else if (t.rope_cos != nullptr || t.rope_sin != nullptr || t.rope_max_blocks != 0) {
+    fail(Status::kInvalidArgument,
+         "tail.rope_cos / rope_sin / rope_max_blocks are set but rope_dim is 0");
+  }
+  if (t.hadamard && (c.head_dim & (c.head_dim - 1)) != 0) {
+    fail(Status::kInvalidArgument, "tail.hadamard needs a power-of-two head_dim, not {}",
+         c.head_dim);
   }
 }
 

@@ -11,6 +11,8 @@ inline constexpr int kMaxHeadDim = 4096;
 inline constexpr int kMaxSegments = 1 << 30;
 
 void validate_config(const Config& config);
+// The tail's own rules (norm weight type, eps, rope_dim and its tables, the Hadamard size).
+void validate_tail(const Config& config, const Tail& tail);
 void validate_sizes(const Config& config, std::int64_t total_tokens, std::int32_t num_segments,
                     std::int64_t total_comp);
 // Also checks that `family` (kAuto resolved) serves the configuration; returns the family.
