@@ -1,14 +1,15 @@
 """The PyTorch region csa replaces, in plain eager PyTorch with fp32 intermediates (the
 comparator of csa's numerics contract): gather each row's window, add the position bias,
 softmax over the window in fp32, weight and sum in fp32, one rounding to the input dtype.
-Differentiable by autograd; slow (it materialises every window)."""
+Differentiable by autograd; slow (it materialises every window). Also the tail that follows
+the pooling (RMSNorm, RoPE, Hadamard), fused in fp32 or unfused as trainers run it today."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-__all__ = ["compress_eager", "compress_megatron_thd"]
+__all__ = ["block_index", "compress_eager", "compress_megatron_thd", "tail_eager", "tail_unfused"]
 
 
 def compress_eager(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Tensor,
@@ -106,3 +107,101 @@ def _overlap(t: Tensor, first: Tensor, fill: float) -> Tensor:
     prev[first] = fill
     new[:, :ratio] = prev
     return new
+
+
+def block_index(cu_seqlens_comp: Tensor, total_comp: int) -> Tensor:
+    """Each of ``total_comp`` THD output rows' block index in its segment (its position is
+    ``block * ratio``); padding rows past ``cu_seqlens_comp[-1]`` are block 0. For SBHD rows
+    ``i * B + b`` the block is ``i``."""
+    cuc = cu_seqlens_comp.long()
+    rows = torch.arange(total_comp, device=cuc.device)
+    segments = cuc.numel() - 1
+    seg = (rows[:, None] >= cuc[None, 1:]).sum(dim=1).clamp(max=max(segments - 1, 0))
+    valid = rows < cuc[-1]
+    return torch.where(valid, rows - cuc[seg], torch.zeros_like(rows))
+
+
+def _rope_pairs(d: int, rope_dim: int, interleaved: bool) -> tuple[Tensor, Tensor]:
+    first = d - rope_dim
+    i = torch.arange(rope_dim // 2)
+    if interleaved:
+        return first + 2 * i, first + 2 * i + 1
+    return first + i, first + i + rope_dim // 2
+
+
+def _hadamard(x: Tensor) -> Tensor:
+    """The Sylvester transform over the last dim (a power of two), scaled by d^-1/2: log2(d)
+    butterfly stages (a + b, a - b) with strides 1, 2, 4, ..., then one product."""
+    d = x.shape[-1]
+    if d & (d - 1):
+        raise ValueError(f"hadamard: head_dim {d} is not a power of two")
+    lead = x.shape[:-1]
+    h = 1
+    while h < d:
+        y = x.reshape(*lead, d // (2 * h), 2, h)
+        a, b = y[..., 0, :], y[..., 1, :]
+        x = torch.stack([a + b, a - b], dim=-2).reshape(*lead, d)
+        h *= 2
+    return x * torch.tensor(d ** -0.5, dtype=x.dtype, device=x.device)
+
+
+def _rope(y: Tensor, block: Tensor, cos: Tensor, sin: Tensor, rope_dim: int,
+          interleaved: bool) -> Tensor:
+    ia, ib = _rope_pairs(y.shape[-1], rope_dim, interleaved)
+    ia, ib = ia.to(y.device), ib.to(y.device)
+    c = cos[block].to(y.dtype)
+    s = sin[block].to(y.dtype)
+    a, b = y[:, ia], y[:, ib]
+    y = y.clone()
+    y[:, ia] = a * c - b * s
+    y[:, ib] = a * s + b * c
+    return y
+
+
+def tail_eager(x: Tensor, block: Tensor, *, norm_weight: Tensor | None = None,
+               eps: float = 1e-6, rope_cos: Tensor | None = None,
+               rope_sin: Tensor | None = None, rope_dim: int = 0,
+               rope_interleaved: bool = True, hadamard: bool = False,
+               out_dtype: torch.dtype | None = None) -> Tensor:
+    """``y = H(rope(rmsnorm(x) * w))`` of pooled rows ``x`` ``(rows, d)`` in fp32 with one
+    rounding to ``out_dtype`` (default ``x.dtype``): the comparator of csa's fused tail. Pass
+    the unrounded pooled rows (``compress_eager`` of fp32 inputs). ``block``: each row's block
+    index in its segment (:func:`block_index`); ``rope_cos``/``rope_sin``:
+    ``(max_blocks, rope_dim // 2)`` tables; RoPE rotates the last ``rope_dim`` columns in pairs
+    ``(2i, 2i+1)``, or ``(i, i + rope_dim/2)`` with ``rope_interleaved=False``. fp64 rows are
+    computed in fp64 (the oracle). Differentiable by autograd (``norm_weight`` too)."""
+    out_dtype = out_dtype or x.dtype
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32  # fp64: an oracle
+    y = x.to(compute)
+    if norm_weight is not None:
+        rstd = torch.rsqrt(y.pow(2).mean(dim=-1, keepdim=True) + eps)
+        y = (y * rstd) * norm_weight.to(compute)
+    if rope_dim:
+        if rope_cos is None or rope_sin is None:
+            raise ValueError("rope_dim needs rope_cos and rope_sin")
+        y = _rope(y, block, rope_cos.to(compute), rope_sin.to(compute), rope_dim,
+                  rope_interleaved)
+    if hadamard:
+        y = _hadamard(y)
+    return y.to(out_dtype)
+
+
+def tail_unfused(pooled: Tensor, block: Tensor, *, norm_weight: Tensor | None = None,
+                 eps: float = 1e-6, rope_cos: Tensor | None = None,
+                 rope_sin: Tensor | None = None, rope_dim: int = 0,
+                 rope_interleaved: bool = True, hadamard: bool = False) -> Tensor:
+    """The same tail as a PyTorch trainer runs it today, one op after the other on the rounded
+    pooled rows: RMSNorm in fp32 rounded to the rows' dtype, RoPE with the tables cast to that
+    dtype (its products rounded), the Hadamard transform in that dtype."""
+    dtype = pooled.dtype
+    y = pooled
+    if norm_weight is not None:
+        rstd = torch.rsqrt(y.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+        y = ((y.float() * rstd) * norm_weight.float()).to(dtype)
+    if rope_dim:
+        if rope_cos is None or rope_sin is None:
+            raise ValueError("rope_dim needs rope_cos and rope_sin")
+        y = _rope(y, block, rope_cos.to(dtype), rope_sin.to(dtype), rope_dim, rope_interleaved)
+    if hadamard:
+        y = _hadamard(y)
+    return y
