@@ -16,6 +16,14 @@ using namespace detail;
 
 namespace {
 
+// grad_w is given exactly when the norm is.
+void check_grad_w(const Tail& t, const void* grad_w) {
+  if ((grad_w != nullptr) != t.norm()) {
+    fail(Status::kInvalidArgument, "grad_w is {} but tail.norm_weight is {}",
+         grad_w != nullptr ? "set" : "null", t.norm() ? "set" : "null");
+  }
+}
+
 void check(const HostProblem& p, const Tail& t) {
   compressor::validate_tail(p.config, t);
   if (!t.rope()) return;
@@ -42,6 +50,24 @@ Pair pair_of(const Config& c, const Tail& t, int i) {
   const int first = c.head_dim - t.rope_dim;
   return t.rope_interleaved ? Pair{first + 2 * i, first + 2 * i + 1}
                             : Pair{first + i, first + i + t.rope_dim / 2};
+}
+
+// Calls f(a, b, cos, sin) for every RoPE pair of row `row`: its columns and its table entries.
+template <typename T, typename F>
+void for_each_pair(const HostProblem& p, const Tail& t, std::int64_t row, F f) {
+  const std::int64_t base = block_of(p, row) * (t.rope_dim / 2);
+  for (int i = 0; i < t.rope_dim / 2; ++i) {
+    const Pair q = pair_of(p.config, t, i);
+    f(q.a, q.b, static_cast<T>(t.rope_cos[base + i]), static_cast<T>(t.rope_sin[base + i]));
+  }
+}
+
+// (mean(x²) + eps)^-1/2 of one row, the sum serial in column order.
+template <typename T>
+T rstd_of(const std::vector<T>& x, const Tail& t) {
+  T sum = 0;
+  for (const T v : x) sum += v * v;
+  return T(1) / std::sqrt(sum / static_cast<T>(x.size()) + static_cast<T>(t.eps));
 }
 
 // The Hadamard transform in place: log2(d) butterfly stages (h = 1, 2, 4, ...; (a + b, a - b)),
@@ -71,22 +97,16 @@ T tail_row(const HostProblem& p, const Tail& t, std::int64_t row, const std::vec
   y = x;
   T rstd = 1;
   if (t.norm()) {
-    T sum = 0;
-    for (int j = 0; j < d; ++j) sum += x[j] * x[j];
-    rstd = T(1) / std::sqrt(sum / static_cast<T>(d) + static_cast<T>(t.eps));
+    rstd = rstd_of(x, t);
     for (int j = 0; j < d; ++j) y[j] = (x[j] * rstd) * weight<T>(t, j);
   }
   if (t.rope()) {
-    const std::int64_t base = block_of(p, row) * (t.rope_dim / 2);
-    for (int i = 0; i < t.rope_dim / 2; ++i) {
-      const Pair q = pair_of(p.config, t, i);
-      const T c = static_cast<T>(t.rope_cos[base + i]);
-      const T s = static_cast<T>(t.rope_sin[base + i]);
-      const T a = y[q.a];
-      const T b = y[q.b];
-      y[q.a] = a * c - b * s;
-      y[q.b] = a * s + b * c;
-    }
+    for_each_pair<T>(p, t, row, [&](int ia, int ib, T c, T s) {
+      const T a = y[ia];
+      const T b = y[ib];
+      y[ia] = a * c - b * s;
+      y[ib] = a * s + b * c;
+    });
   }
   if (t.hadamard) hadamard(y);
   return rstd;
@@ -100,21 +120,15 @@ void tail_row_backward(const HostProblem& p, const Tail& t, std::int64_t row,
   const int d = p.config.head_dim;
   if (t.hadamard) hadamard(g);
   if (t.rope()) {
-    const std::int64_t base = block_of(p, row) * (t.rope_dim / 2);
-    for (int i = 0; i < t.rope_dim / 2; ++i) {
-      const Pair q = pair_of(p.config, t, i);
-      const T c = static_cast<T>(t.rope_cos[base + i]);
-      const T s = static_cast<T>(t.rope_sin[base + i]);
-      const T ga = g[q.a];
-      const T gb = g[q.b];
-      g[q.a] = ga * c + gb * s;
-      g[q.b] = gb * c - ga * s;
-    }
+    for_each_pair<T>(p, t, row, [&](int ia, int ib, T c, T s) {
+      const T ga = g[ia];
+      const T gb = g[ib];
+      g[ia] = ga * c + gb * s;
+      g[ib] = gb * c - ga * s;
+    });
   }
   if (!t.norm()) return;
-  T sum = 0;
-  for (int j = 0; j < d; ++j) sum += x[j] * x[j];
-  const T rstd = T(1) / std::sqrt(sum / static_cast<T>(d) + static_cast<T>(t.eps));
+  const T rstd = rstd_of(x, t);
   // gx_j = rstd · w_j·gn_j − x_j · rstd³ · (Σ_k w_k·gn_k·x_k) / d
   T dot = 0;
   for (int j = 0; j < d; ++j) dot += (weight<T>(t, j) * g[j]) * x[j];
@@ -174,10 +188,7 @@ void tail_backward_fp32(const HostProblem& problem, const Tail& tail, const void
                         void* grad_kv, void* grad_score, float* grad_ape, float* grad_w,
                         bool accumulate) {
   check(problem, tail);
-  if ((grad_w != nullptr) != tail.norm()) {
-    fail(Status::kInvalidArgument, "grad_w is {} but tail.norm_weight is {}",
-         grad_w != nullptr ? "set" : "null", tail.norm() ? "set" : "null");
-  }
+  check_grad_w(tail, grad_w);
   const int d = problem.config.head_dim;
   std::vector<float> gw;
   const std::vector<float> gx = pooled_gradients<float>(problem, tail, grad_y, gw);
@@ -205,10 +216,7 @@ void tail_backward_fp32(const HostProblem& problem, const Tail& tail, const void
 void tail_backward_fp64(const HostProblem& problem, const Tail& tail, const void* grad_y,
                         double* grad_kv, double* grad_score, double* grad_ape, double* grad_w) {
   check(problem, tail);
-  if ((grad_w != nullptr) != tail.norm()) {
-    fail(Status::kInvalidArgument, "grad_w is {} but tail.norm_weight is {}",
-         grad_w != nullptr ? "set" : "null", tail.norm() ? "set" : "null");
-  }
+  check_grad_w(tail, grad_w);
   const int d = problem.config.head_dim;
   std::vector<double> gw;
   const std::vector<double> gx = pooled_gradients<double>(problem, tail, grad_y, gw);
