@@ -36,8 +36,8 @@ struct Prepared {
   schedule::ShortWindowSchedule schedule;
   DeviceTraits device;
   std::string key;                           // cache key of the module
-  int backward_resident_ctas = 1;            // backward CTAs per SM (from the kernel's registers)
-  int resident_backward_ctas = 1;            // the same of the resident backward kernel, if any
+  int backward_ctas_per_sm = 1;              // of the backward kernel (from its registers)
+  int resident_backward_ctas_per_sm = 1;     // of the resident backward kernel, if any
   std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
   std::vector<PreparedBucket> long_backward;
   KernelSlots slots;          // the module's named kernels

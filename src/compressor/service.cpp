@@ -199,9 +199,9 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
           regs, shared);
     };
     const ShortWindowSlots& slots = prepared->slots.short_window;
-    prepared->backward_resident_ctas = ctas_of(slots.backward_atomic);
+    prepared->backward_ctas_per_sm = ctas_of(slots.backward_atomic);
     if (slots.backward_atomic_resident >= 0)
-      prepared->resident_backward_ctas = ctas_of(slots.backward_atomic_resident);
+      prepared->resident_backward_ctas_per_sm = ctas_of(slots.backward_atomic_resident);
   }
   return prepared;
 }

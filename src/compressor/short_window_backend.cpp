@@ -93,7 +93,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
       slots.backward_atomic_resident >= 0 && schedule::backward_takes_resident(s, c, a.total_comp);
   const auto grid =
       schedule::backward_grid(s, c, a.total_comp, p.device.sm_count,
-                              resident ? p.resident_backward_ctas : p.backward_resident_ctas);
+                              resident ? p.resident_backward_ctas_per_sm : p.backward_ctas_per_sm);
   params.rows_per_cta = grid.rows_per_cta;
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(grid.grid_x);
