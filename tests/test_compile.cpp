@@ -101,6 +101,10 @@ TEST(NvrtcCompile, EveryElementTypeAndLayoutWithoutLocalMemory) {
     for (int coff : {1, 2})
       for (int d : {65, 512}) shapes.push_back({ratio, d, coff});
   shapes.push_back({4, 4096, 2});
+  // Windows of 5..8 slots: their modules hold the resident backward (and the fp16 wide
+  // forward its residency target), fitted to 80 registers.
+  shapes.push_back({4, 128, 2});
+  shapes.push_back({8, 65, 1});
   shapes.push_back({256, 7, 2});
   shapes.push_back({17, 128, 1});
   std::vector<std::pair<Config, std::string>> jobs;
