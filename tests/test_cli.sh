@@ -59,6 +59,15 @@ echo '{"schema_version": 1, "arch": "sm_90", "entries": [[1]]}' >"$work/t.json"
 out=$("$csa" schedule validate "$work/t.json" 2>&1)
 if [ $? -eq 1 ] && grep -qF "entries[0]: must be an object" <<<"$out"; then ok; else bad "validate: $out"; fi
 
+# schedule select names the kernel a row count takes: the resident backward for large SBHD calls
+# only (packed bf16 has none), the wide forward for large calls.
+sel() { "$csa" schedule select --ratio 4 --coff 2 --head-dim 512 --arch sm_90 "$@" 2>&1; }
+if sel --rows 6144 --layout sbhd --direction bwd | grep -q "kernel=resident" &&
+  sel --rows 16 --layout sbhd --direction bwd | grep -q "kernel=default" &&
+  sel --rows 6144 --direction bwd | grep -q "kernel=default" &&
+  sel --rows 6144 --direction fwd | grep -q "kernel=wide" &&
+  sel --rows 16 --direction fwd | grep -q "kernel=narrow"; then ok; else bad "select: kernel names"; fi
+
 # schedule select follows an entry keyed on the element type to the calls of that type only.
 cat >"$work/keyed.json" <<'JSON'
 {"schema_version": 1, "arch": "sm_90", "entries": [

@@ -105,6 +105,9 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
           schedule::backward_resident_ctas_for(s, config.dtype, kernel_layout) > 0 &&
           schedule::backward_takes_resident(s, config, rows);
       choice.schedule += resident ? ",kernel=resident" : ",kernel=default";
+    } else {
+      choice.schedule +=
+          schedule::forward_choice(s, config, rows).wide ? ",kernel=wide" : ",kernel=narrow";
     }
     choice.contract = "bitwise";
     const compressor::GradApeForm form = compressor::short_window_grad_ape(s);
