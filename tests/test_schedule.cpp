@@ -66,6 +66,9 @@ TEST(ShortWindowSchedule, LargeBackwardCallsOfOtherLayoutsAndTypesTakeTheResiden
   EXPECT_TRUE(schedule::backward_takes_resident(always, c, 1));
   EXPECT_NE(always.describe().find("bres=3,bresmin=0"), std::string::npos) << always.describe();
   EXPECT_THROW(schedule::select_short_window(c, std::string("bres=9")), Error);  // 9 x 256 > 2048
+  // The rule's target follows an overridden block: 1024 threads fit two CTAs.
+  EXPECT_EQ(schedule::select_short_window(c, std::string("tx=32,ty=32")).backward_resident_ctas, 2);
+  EXPECT_THROW(schedule::select_short_window(c, std::string("tx=32,ty=32,bres=3")), Error);
 }
 
 TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
@@ -455,6 +458,7 @@ TEST(ShortWindowSchedule, TheFp16WideForwardHasTheResidencyTarget) {
             std::string::npos);
   EXPECT_EQ(schedule::select_short_window({8, 512, 2, DType::kF16}).forward_wide_min_ctas, 0);
   EXPECT_THROW(schedule::select_short_window(c, std::string("fwctas=9")), Error);  // 9 x 256
+  EXPECT_EQ(schedule::select_short_window(c, std::string("ft=1024")).forward_wide_min_ctas, 2);
   EXPECT_NE(schedule::select_short_window(c, std::string("fwctas=2")).describe().find("fwctas=2"),
             std::string::npos);
 }

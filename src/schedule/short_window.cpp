@@ -144,8 +144,17 @@ ShortWindowSchedule select_short_window(const Config& c,
   if (!override_spec || override_spec->find("ty=") == std::string::npos) {
     s.backward_ty = backward_block_y(s.backward_tx);
   }
-  // An SM holds at most 2048 threads (and 32 CTAs).
+  // An SM holds at most 2048 threads (and 32 CTAs). The rule's residency targets follow an
+  // overridden block shape; a target the override names must fit it.
   const int backward_threads = s.backward_tx * s.backward_ty;
+  auto named = [&](const char* key) {
+    return override_spec &&
+           ("," + *override_spec).find(std::string(",") + key) != std::string::npos;
+  };
+  if (!named("bres="))
+    s.backward_resident_ctas = std::min(s.backward_resident_ctas, 2048 / backward_threads);
+  if (!named("fwctas="))
+    s.forward_wide_min_ctas = std::min(s.forward_wide_min_ctas, 2048 / s.forward_threads);
   for (const auto& [name, ctas, threads] :
        {std::tuple{"bmin", s.backward_min_ctas, backward_threads},
         std::tuple{"bres", s.backward_resident_ctas, backward_threads},
