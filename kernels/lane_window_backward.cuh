@@ -124,6 +124,10 @@ struct LaneRing {
     for (int a = 0; a < 2; ++a)
       base[a] = rows[a].at(w.t0) + rows[a].steps(t - (COFF - 1) * RATIO) + col0 + chunk;
     T* const dst = stage + slot_row(t) * COLS + chunk;
+    // Runtime steps (strided rows, SBHD): one pointer per array, advanced by a pass's slots,
+    // instead of a 64-bit product k0 * step per pass (packed: compile-time offsets either way).
+    const T* next[2] = {srcs[0] + base[0], srcs[1] + base[1]};
+    const long long pass_step[2] = {rows[0].steps(SLOTS_PER_PASS), rows[1].steps(SLOTS_PER_PASS)};
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
       constexpr int PER_ARRAY = LW::WIN * CHUNKS / THREADS;
@@ -131,8 +135,15 @@ struct LaneRing {
       const int k0 = (pass - array * PER_ARRAY) * SLOTS_PER_PASS;  // multiple of C
       const bool ok = col_ok && G::valid(k0, w.first);             // the same for the pass's slots
       const T* const src = srcs[array];
-      cp_async_16(dst + (array * ROWS + k0 + k0 / LW::C) * COLS,
-                  ok ? src + base[array] + rows[array].steps(k0) + G::half_offset(k0) : src, ok);
+      const T* at;
+      if constexpr (L::kPacked) {
+        at = src + base[array] + rows[array].steps(k0);
+      } else {
+        at = next[array];
+        next[array] += pass_step[array];
+      }
+      cp_async_16(dst + (array * ROWS + k0 + k0 / LW::C) * COLS, ok ? at + G::half_offset(k0) : src,
+                  ok);
     }
   }
 
@@ -500,9 +511,10 @@ __global__ void __launch_bounds__(
     }
     if (active) {
       // Without the ring, UNIFORM windows store each slot at one base plus an immediate, as
-      // they load; with the ring the same stores measured slower at coff 2, so the ring keeps
-      // the per-slot form.
-      constexpr bool SLOT_BASE = LW::UNIFORM && STAGES == 1;
+      // they load; with the ring the same stores measured slower at coff 2 in packed THD, so
+      // there the ring keeps the per-slot form. Runtime steps (strided rows, SBHD) take the
+      // base and one pointer step per slot instead of a 64-bit product per slot.
+      constexpr bool SLOT_BASE = LW::UNIFORM && (STAGES == 1 || !L::kPacked);
       const TokenRows gkr = L::rows(p, p.grad_kv_stride);
       const TokenRows gsr = L::rows(p, p.grad_score_stride);
       typename IO::T* const grad_kv = IO::out(p.grad_kv);
@@ -519,9 +531,14 @@ __global__ void __launch_bounds__(
         if (SLOT_BASE ? !lane_valid : (k >= LW::WIN || !G::valid(k, w.first))) continue;
         float gkv[VEC], gs[VEC];
         slot_gradients<VEC>(g, x[j], s[j], S_part, gkv, gs, dape[j]);
-        if constexpr (SLOT_BASE) {
+        if constexpr (SLOT_BASE && L::kPacked) {
           store_vec<E, VEC>(grad_kv + gk0 + gkr.steps(j), gkv);
           store_vec<E, VEC>(grad_score + gs0 + gsr.steps(j), gs);
+        } else if constexpr (SLOT_BASE) {
+          store_vec<E, VEC>(grad_kv + gk0, gkv);
+          store_vec<E, VEC>(grad_score + gs0, gs);
+          gk0 += gkr.step;
+          gs0 += gsr.step;
         } else {
           store_vec<E, VEC>(grad_kv + slot_offset<RATIO, COFF, HEAD_DIM>(w, gkr, k, col), gkv);
           store_vec<E, VEC>(grad_score + slot_offset<RATIO, COFF, HEAD_DIM>(w, gsr, k, col), gs);
