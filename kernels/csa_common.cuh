@@ -330,6 +330,7 @@ struct RowWindow {
   bool first;
   bool last;     // the segment's last block: owns the zero-writes of its tail
   bool padding;  // at or past the last segment's rows (cuc[B]): no window of its own
+  int block;     // the row's block index in its segment (padding rows: 0), RoPE's position
 };
 
 // Where a pack of ratio-aligned segments (every length a multiple of ratio, as in one long
@@ -364,6 +365,7 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
   w.first = true;
   w.last = false;
   w.padding = true;
+  w.block = 0;
   if (num_segments <= 0) return w;  // no segments: every row is a padding row
   // A row at or past cuc[B] is a padding row: the search then ends at the last segment with
   // row >= cuc[s + 1]. Deciding it from the segment's own offsets keeps one dependent load
@@ -391,6 +393,7 @@ __device__ __forceinline__ RowWindow locate_row(const int* cu, const int* cuc, i
              ? 0
              : static_cast<int>(min(max(t0, static_cast<unsigned>(lo)), static_cast<unsigned>(hi)));
   w.padding = padding;
+  w.block = padding ? 0 : block;
   w.first = padding || block == 0;
   w.last = !padding && row + 1 >= c1;
   const int seg_end = padding ? 0 : min(max(cu1, 0), total_tokens);

@@ -214,6 +214,7 @@ struct Layout {
       const int blocks = p.seq_len / RATIO;
       RowWindow w;
       w.padding = i >= blocks;  // never: the host checks total_comp == blocks * B
+      w.block = w.padding ? 0 : i;
       w.t0 = w.padding ? b : (i * RATIO) * batch + b;
       w.first = w.padding || i == 0;
       w.last = !w.padding && i + 1 == blocks;
@@ -256,18 +257,41 @@ struct Layout {
 
 // ---- epilogues ------------------------------------------------------------------------------
 
-template <int KIND>
-struct Epilogue;
-
-template <>
-struct Epilogue<kEpilogueIdentity> {
+// kEpilogueIdentity: each thread stores its own columns (store, or store_row from the
+// short-window forward). A tail code: TailEpilogue (tail_epilogue.cuh), cooperative: every
+// thread of the CTA calls its store_row, threads without a row included.
+struct IdentityEpilogue {
+  static constexpr bool kCooperative = false;
   // VEC columns of one pooled row, fp32, to `dst` (row `row`, first column `col`).
   template <class E, int VEC>
   static __device__ __forceinline__ void store(typename E::T* dst, int /*row*/, int /*col*/,
                                                const float (&v)[VEC]) {
     store_vec<E, VEC>(dst, v);
   }
+  template <int VEC, int HEAD_DIM, int THREADS>
+  static __device__ __forceinline__ void stage_operands(const ForwardParams& /*p*/, int /*col*/,
+                                                        int /*block*/) {}
+  template <class E, int VEC, int HEAD_DIM, int THREADS>
+  static __device__ __forceinline__ void store_row(const ForwardParams& /*p*/, typename E::T* dst,
+                                                   int /*row*/, int /*col*/, bool /*has_row*/,
+                                                   float (&v)[VEC]) {
+    store_vec<E, VEC>(dst, v);
+  }
 };
+
+template <int KIND>
+struct TailEpilogue;  // tail_epilogue.cuh, included at the end of this file
+
+template <bool TAIL, int KIND>
+struct EpilogueOf {
+  using type = IdentityEpilogue;
+};
+template <int KIND>
+struct EpilogueOf<true, KIND> {
+  using type = TailEpilogue<KIND>;
+};
+template <int KIND>
+using Epilogue = typename EpilogueOf<(KIND & kEpilogueTail) != 0, KIND>::type;
 
 // ---- the policy -----------------------------------------------------------------------------
 
@@ -286,3 +310,5 @@ struct Io {
 };
 
 }  // namespace csa_kernel
+
+#include "tail_epilogue.cuh"  // needs the element types above

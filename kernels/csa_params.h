@@ -25,7 +25,33 @@ enum ElementKind : int { kElementBf16 = 0, kElementF16 = 1, kElementF32 = 2 };
 // (S, B, width) rows `*_stride` elements apart, every batch column one segment of S tokens.
 enum LayoutKind : int { kLayoutThdPacked = 0, kLayoutThdStrided = 1, kLayoutSbhd = 2 };
 // How the forward stores a pooled row (kEpilogueIdentity: rounded once to the element type).
-enum EpilogueKind : int { kEpilogueIdentity = 0 };
+// A tail epilogue (RMSNorm, RoPE, Hadamard before the rounding) is a code with kEpilogueTail
+// set: its stages in the bits below and rope_dim from bit kTailRopeShift (tail_epilogue).
+enum EpilogueKind : int { kEpilogueIdentity = 0, kEpilogueTail = 1 };
+enum TailBits : int {
+  kTailNorm = 2,
+  kTailNormWeightF32 = 4,  // else bf16
+  kTailRopeInterleaved = 8,
+  kTailHadamard = 16,
+  kTailRopeShift = 8,
+};
+
+CSA_SHARED_FN int tail_epilogue(bool norm, bool weight_f32, int rope_dim, bool interleaved,
+                                bool hadamard) {
+  return kEpilogueTail | (norm ? kTailNorm : 0) | (norm && weight_f32 ? kTailNormWeightF32 : 0) |
+         (rope_dim > 0 && interleaved ? kTailRopeInterleaved : 0) | (hadamard ? kTailHadamard : 0) |
+         (rope_dim << kTailRopeShift);
+}
+CSA_SHARED_FN int tail_rope_dim(int code) {
+  return code >> kTailRopeShift;
+}
+
+// Threads holding one row in a tail kernel (every column of a row in one CTA): a power of two
+// up to a warp (xor shuffles stay in the row) or whole warps.
+CSA_SHARED_FN bool tail_row_threads_ok(int threads) {
+  return threads >= 1 && threads <= 1024 &&
+         (threads % 32 == 0 || (threads <= 32 && (threads & (threads - 1)) == 0));
+}
 
 CSA_SHARED_FN int element_bytes(int kind) {
   return kind == kElementF32 ? 4 : 2;
@@ -66,6 +92,13 @@ struct ForwardParams {
   csa_i32 score_stride;
   csa_i32 out_stride;
   csa_i32 seq_len;  // SBHD: S
+  // The tail epilogue's tensors (unused by the identity epilogue).
+  const void* norm_weight;  // (head_dim,) bf16 or fp32
+  const float* rope_cos;    // (rope_max_blocks, rope_dim / 2)
+  const float* rope_sin;
+  float* rstd;  // (total_comp,) or null
+  float eps;
+  csa_i32 rope_max_blocks;
 };
 
 struct BackwardParams {
@@ -116,7 +149,7 @@ struct OffsetCheckParams {
   csa_i32 ratio;
 };
 
-static_assert(sizeof(ForwardParams) == 6 * 8 + 8 * 4, "ForwardParams layout");
+static_assert(sizeof(ForwardParams) == 10 * 8 + 10 * 4, "ForwardParams layout");
 static_assert(sizeof(BackwardParams) == 10 * 8 + 12 * 4, "BackwardParams layout");
 static_assert(sizeof(ApeReduceParams) == 2 * 8 + 4 * 4, "ApeReduceParams layout");
 static_assert(sizeof(OffsetCheckParams) == 3 * 8 + 4 * 4, "OffsetCheckParams layout");

@@ -91,34 +91,39 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS)
   constexpr bool PREFETCH = !(THREADS >= 256 && COFF * RATIO >= 8 && HEAD_DIM < 256);
   if (PREFETCH && has_row) prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, row, col);
   pdl_enter();
-  if (!has_row) return;
-  const RowWindow w = L::locate(p, row);
-  const bool use_prev = COFF == 2 && !w.first;
-  const TokenRows sr = L::rows(p, p.score_stride);
-  const TokenRows kr = L::rows(p, p.kv_stride);
-  float prev_s[NPREV][VEC], prev_kv[NPREV][VEC];
-  float own_s[RATIO][VEC], own_kv[RATIO][VEC];
-  load_window<IO, RATIO, COFF, HEAD_DIM, VEC, NPREV>(
-      IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + col, sr.step, kr.at(w.t0) + col, kr.step,
-      col, use_prev, prev_s, prev_kv, own_s, own_kv);
-  softmax_weights<NPREV, RATIO, VEC>(prev_s, own_s, use_prev);
-
+  // A cooperative epilogue (the tail) needs every thread of the CTA, threads without a row too.
+  using Store = typename IO::Store;
+  if (!Store::kCooperative && !has_row) return;
   float acc[VEC];
 #pragma unroll
   for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
-  if (use_prev) {
+  if (has_row) {
+    const RowWindow w = L::locate(p, row);
+    Store::template stage_operands<VEC, HEAD_DIM, THREADS>(p, col, w.block);
+    const bool use_prev = COFF == 2 && !w.first;
+    const TokenRows sr = L::rows(p, p.score_stride);
+    const TokenRows kr = L::rows(p, p.kv_stride);
+    float prev_s[NPREV][VEC], prev_kv[NPREV][VEC];
+    float own_s[RATIO][VEC], own_kv[RATIO][VEC];
+    load_window<IO, RATIO, COFF, HEAD_DIM, VEC, NPREV>(
+        IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + col, sr.step, kr.at(w.t0) + col,
+        kr.step, col, use_prev, prev_s, prev_kv, own_s, own_kv);
+    softmax_weights<NPREV, RATIO, VEC>(prev_s, own_s, use_prev);
+    if (use_prev) {
 #pragma unroll
-    for (int k = 0; k < NPREV; ++k)
+      for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+        for (int v = 0; v < VEC; ++v)
+          acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], prev_s[k][v]));
+    }
+#pragma unroll
+    for (int k = 0; k < RATIO; ++k)
 #pragma unroll
       for (int v = 0; v < VEC; ++v)
-        acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], prev_s[k][v]));
+        acc[v] = __fadd_rn(acc[v], __fmul_rn(own_kv[k][v], own_s[k][v]));
   }
-#pragma unroll
-  for (int k = 0; k < RATIO; ++k)
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(own_kv[k][v], own_s[k][v]));
-  IO::Store::template store<typename IO::E, VEC>(
-      IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col, row, col, acc);
+  Store::template store_row<typename IO::E, VEC, HEAD_DIM, THREADS>(
+      p, IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col, row, col, has_row, acc);
 }
 
 // Writes exact zeros to the columns this thread owns of one never-consumed token: the layout's

@@ -50,7 +50,7 @@ int main(void) {
   {
     csa_compressor_args a;
     memset(&a, 0, sizeof a);
-    CHECK(sizeof a == CSA_COMPRESSOR_ARGS_SIZE_V1);
+    CHECK(sizeof a == CSA_COMPRESSOR_ARGS_SIZE_V2);
     a.struct_size = sizeof a;
     a.ratio = 4;
     a.head_dim = 8;
@@ -84,7 +84,31 @@ int main(void) {
     CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
     CHECK(strstr(csa_last_error(), "args is null") != NULL);
 
+    /* A version-1 caller's struct (it ends at grad_ape): its later fields are not read. */
+    a.struct_size = CSA_COMPRESSOR_ARGS_SIZE_V1;
+    a.tail_flags = 0xdead;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_OK);
     a.struct_size = sizeof a;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "tail_flags") != NULL);
+    a.tail_flags = CSA_TAIL_NORM; /* without its weight */
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "norm_weight") != NULL);
+    a.tail_flags = 0;
+    a.rope_dim = 3; /* odd */
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "rope_dim") != NULL);
+    a.rope_dim = 0;
+    a.reserved2 = 1;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "reserved2") != NULL);
+    a.reserved2 = 0;
+
     a.reserved = 1;
     rc = csa_compressor_forward_ex(&a, NULL);
     CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);

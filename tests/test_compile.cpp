@@ -55,10 +55,10 @@ void compile_without_local_memory(const std::vector<std::pair<Config, std::strin
   auto worker = [&] {
     for (std::size_t i = next++; i < jobs.size(); i = next++) {
       const auto& [config, arch] = jobs[i];
-      const std::string what =
-          fmt::format("{} ratio={} coff={} head_dim={} {} {}{}", arch, config.ratio, config.coff,
-                      config.head_dim, dtype_name(config.dtype), layout_name(config.layout),
-                      config.strided ? " strided" : "");
+      const std::string what = fmt::format(
+          "{} ratio={} coff={} head_dim={} {} {}{} tail={}", arch, config.ratio, config.coff,
+          config.head_dim, dtype_name(config.dtype), layout_name(config.layout),
+          config.strided ? " strided" : "", tail_name(config.tail));
       try {
         const PrewarmReport r = rt.compile_for_arch(config, arch);
         std::lock_guard<std::mutex> lock(mutex);
@@ -114,6 +114,42 @@ TEST(NvrtcCompile, EveryElementTypeAndLayoutWithoutLocalMemory) {
         c.dtype = t;
         c.layout = Layout::kThd;
         c.strided = true;  // packed and strided THD (bf16 packed compiled again: one module)
+        jobs.emplace_back(c, arch);
+        c.layout = Layout::kSbhd;
+        c.strided = false;
+        jobs.emplace_back(c, arch);
+      }
+    }
+  }
+  compile_without_local_memory(jobs);
+}
+
+// Every fused-tail forward: the production tails (4,2,512 norm + RoPE 64; 4,2,128 norm + RoPE
+// 64 + Hadamard) and their ratio-2 forms, the widest windows (ratio 16), one column a thread
+// (head_dim 96), half-split pairs and a bf16 weight, in every type and layout.
+TEST(NvrtcCompile, EveryTailKernelWithoutLocalMemory) {
+  auto tail = [](int ratio, int d, int coff, bool norm, int rope_dim, bool hadamard) {
+    Config c{ratio, d, coff};
+    c.tail.norm = norm;
+    c.tail.rope_dim = rope_dim;
+    c.tail.hadamard = hadamard;
+    return c;
+  };
+  std::vector<Config> shapes = {tail(4, 512, 2, true, 64, false), tail(4, 128, 2, true, 64, true),
+                                tail(2, 512, 2, true, 64, false), tail(2, 128, 2, true, 64, true),
+                                tail(16, 512, 2, true, 64, true), tail(16, 128, 1, true, 64, true),
+                                tail(4, 96, 2, true, 32, false),  tail(8, 4096, 2, true, 64, true)};
+  Config half = tail(4, 128, 2, true, 64, true);
+  half.tail.rope_interleaved = false;
+  half.tail.norm_weight_dtype = DType::kBf16;
+  shapes.push_back(half);
+  std::vector<std::pair<Config, std::string>> jobs;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
+    for (Config c : shapes) {
+      for (DType t : {DType::kBf16, DType::kF16, DType::kF32}) {
+        c.dtype = t;
+        c.layout = Layout::kThd;
+        c.strided = true;
         jobs.emplace_back(c, arch);
         c.layout = Layout::kSbhd;
         c.strided = false;

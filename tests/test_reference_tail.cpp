@@ -84,8 +84,8 @@ std::vector<float> forward(const Fp32Problem& p, const Tail& t) {
 
 struct RopeTables {
   std::vector<float> cos, sin;
-  void attach(Tail& t, int rope_dim) const {
-    t.rope_dim = rope_dim;
+  void attach(TailShape& shape, Tail& t, int rope_dim) const {
+    shape.rope_dim = rope_dim;
     t.rope_cos = cos.data();
     t.rope_sin = sin.data();
     t.rope_max_blocks = static_cast<std::int64_t>(cos.size()) / (rope_dim / 2);
@@ -123,9 +123,10 @@ TEST(ReferenceTail, AllStagesOffIsThePooling) {
 }
 
 TEST(ReferenceTail, NormAloneScalesEachRowByItsRmsAndTheWeight) {
-  const auto p = rows_problem(4, {{1, 2, 3, 4}, {-2, 0, 0, 2}});
+  auto p = rows_problem(4, {{1, 2, 3, 4}, {-2, 0, 0, 2}});
   const std::vector<float> w = {1.0f, 0.5f, 2.0f, -1.0f};
   Tail t;
+  p.config.tail.norm = true;
   t.norm_weight = w.data();
   t.eps = 1e-6f;
   std::vector<float> rstd(2);
@@ -140,7 +141,7 @@ TEST(ReferenceTail, NormAloneScalesEachRowByItsRmsAndTheWeight) {
   std::vector<std::uint16_t> w16(w.size());
   for (std::size_t j = 0; j < w.size(); ++j) w16[j] = reference::float_to_bf16(w[j]);
   t.norm_weight = w16.data();
-  t.norm_weight_dtype = DType::kBf16;
+  p.config.tail.norm_weight_dtype = DType::kBf16;
   EXPECT_EQ(forward(p, t), y);
 }
 
@@ -148,12 +149,12 @@ TEST(ReferenceTail, RopeRotatesPairsOfTheLastColumnsAtEachRowsBlock) {
   // Three rows of one segment at ratio 1: blocks 0, 1, 2.
   const std::vector<std::vector<float>> rows = {
       {5, 1, 2, 3, 4, 6}, {5, 1, 2, 3, 4, 6}, {5, 1, 2, 3, 4, 6}};
-  const auto p = rows_problem(6, rows);
+  auto p = rows_problem(6, rows);
   const RopeTables tab = tables(3, 4);
   for (bool interleaved : {true, false}) {
     Tail t;
-    tab.attach(t, 4);  // columns 2..5 rotate; 0 and 1 stay
-    t.rope_interleaved = interleaved;
+    tab.attach(p.config.tail, t, 4);  // columns 2..5 rotate; 0 and 1 stay
+    p.config.tail.rope_interleaved = interleaved;
     const auto y = forward(p, t);
     std::vector<double> want;
     for (std::size_t b = 0; b < 3; ++b) {
@@ -178,15 +179,18 @@ TEST(ReferenceTail, RopeRotatesPairsOfTheLastColumnsAtEachRowsBlock) {
 }
 
 TEST(ReferenceTail, HadamardIsTheScaledSylvesterTransform) {
-  const auto p = rows_problem(4, {{1, 2, 3, 4}});
-  Tail t;
-  t.hadamard = true;
+  auto p = rows_problem(4, {{1, 2, 3, 4}});
+  p.config.tail.hadamard = true;
+  const Tail t;
   // H4 / 2 applied to (1, 2, 3, 4).
   expect_near_all(forward(p, t), {5, -1, -2, 0}, 1e-7, "H4");
   // Applied twice, the transform is the identity (it is its own inverse).
-  const auto q = rows_problem(8, {{0.5f, -1, 2, 0.25f, 3, -4, 1, 7}});
+  auto q = rows_problem(8, {{0.5f, -1, 2, 0.25f, 3, -4, 1, 7}});
+  q.config.tail.hadamard = true;
   const auto once = forward(q, t);
-  const auto twice = forward(rows_problem(8, {once}), t);
+  auto again = rows_problem(8, {once});
+  again.config.tail.hadamard = true;
+  const auto twice = forward(again, t);
   expect_near_all(twice, {0.5, -1, 2, 0.25, 3, -4, 1, 7}, 1e-6, "H8 twice");
 }
 
@@ -219,19 +223,22 @@ TEST(ReferenceTail, AllThreeStagesMatchTheChainWrittenOutAndPaddingRowsSitAtBloc
   SCOPED_TRACE("seed " + std::to_string(seed));
   // ratio 2, coff 2, head_dim 16: two segments and two padding rows.
   const Config c{2, 16, 2};
-  const auto p = random_problem(c, {9, 6}, 2, seed);
+  auto p = random_problem(c, {9, 6}, 2, seed);
   std::vector<float> w(16);
   for (int j = 0; j < 16; ++j) w[j] = 0.5f + 0.125f * static_cast<float>(j);
   const RopeTables tab = tables(4, 8);
   Tail t;
+  p.config.tail.norm = true;
   t.norm_weight = w.data();
   t.eps = 1e-5f;
-  tab.attach(t, 8);
-  t.hadamard = true;
+  tab.attach(p.config.tail, t, 8);
+  p.config.tail.hadamard = true;
   std::vector<double> y64(static_cast<std::size_t>(p.total_comp * 16));
   reference::tail_forward_fp64(p.host(), t, y64.data());
   std::vector<double> pooled(y64.size());
-  reference::forward_fp64(p.host(), pooled.data());
+  Fp32Problem plain = p;
+  plain.config.tail = TailShape{};
+  reference::forward_fp64(plain.host(), pooled.data());
   // Rows: segment 0 blocks 0..3, segment 1 blocks 0..2, padding rows (block 0).
   const std::vector<std::int64_t> blocks = {0, 1, 2, 3, 0, 1, 2, 0, 0};
   ASSERT_EQ(static_cast<std::size_t>(p.total_comp), blocks.size());
@@ -252,7 +259,7 @@ TEST(ReferenceTail, SbhdRowsTakeTheirColumnsBlocks) {
   const std::uint64_t seed = base_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Config c{4, 8, 2};
-  const auto thd = random_problem(c, {12, 12}, 0, seed);  // segments 0, 1: blocks 0..2 each
+  auto thd = random_problem(c, {12, 12}, 0, seed);  // segments 0, 1: blocks 0..2 each
   c.layout = Layout::kSbhd;
   Fp32Problem sbhd = thd;
   sbhd.config.layout = Layout::kSbhd;
@@ -268,7 +275,8 @@ TEST(ReferenceTail, SbhdRowsTakeTheirColumnsBlocks) {
       }
   const RopeTables tab = tables(3, 8);
   Tail t;
-  tab.attach(t, 8);
+  tab.attach(thd.config.tail, t, 8);
+  sbhd.config.tail = thd.config.tail;
   const auto a = forward(thd, t);
   const auto s = forward(sbhd, t);
   // SBHD row i * 2 + b is THD row b * 3 + i.
@@ -288,10 +296,11 @@ TEST(ReferenceTail, BackwardIsTheGradientOfTheForward) {
   std::vector<float> w = {1.5f, 0.5f, -1.0f, 2.0f, 0.75f, 1.25f, -0.5f, 1.0f};
   const RopeTables tab = tables(3, 4);
   Tail t;
+  p.config.tail.norm = true;
   t.norm_weight = w.data();
   t.eps = 1e-3f;
-  tab.attach(t, 4);
-  t.hadamard = true;
+  tab.attach(p.config.tail, t, 4);
+  p.config.tail.hadamard = true;
   const std::size_t out_n = static_cast<std::size_t>(p.total_comp * 8);
   std::vector<float> gy(out_n);
   std::mt19937_64 rng(seed + 7);
@@ -349,11 +358,14 @@ TEST(ReferenceTail, BackwardIsTheGradientOfTheForward) {
 }
 
 TEST(ReferenceTail, EveryBadTailArgumentIsRejectedNamingIt) {
-  const auto p = rows_problem(6, {{1, 2, 3, 4, 5, 6}, {1, 2, 3, 4, 5, 6}});
+  const auto base = rows_problem(6, {{1, 2, 3, 4, 5, 6}, {1, 2, 3, 4, 5, 6}});
   const std::vector<float> w(6, 1.0f);
   const RopeTables tab = tables(2, 4);
   std::vector<float> y(12), rstd(2);
-  auto rejects = [&](const Tail& t, const std::string& name, float* r = nullptr) {
+  auto rejects = [&](const TailShape& shape, const Tail& t, const std::string& name,
+                     float* r = nullptr) {
+    Fp32Problem p = base;
+    p.config.tail = shape;
     try {
       reference::tail_forward_fp32(p.host(), t, y.data(), r);
       ADD_FAILURE() << "accepted; expected a rejection naming " << name;
@@ -362,51 +374,54 @@ TEST(ReferenceTail, EveryBadTailArgumentIsRejectedNamingIt) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
     }
   };
+  TailShape norm_shape;
+  norm_shape.norm = true;
   Tail norm;
   norm.norm_weight = w.data();
-  Tail t = norm;
-  t.norm_weight_dtype = DType::kF16;
-  rejects(t, "tail.norm_weight_dtype");
+  TailShape s = norm_shape;
+  s.norm_weight_dtype = DType::kF16;
+  rejects(s, norm, "config.tail.norm_weight_dtype");
+  rejects(norm_shape, Tail{}, "tail.norm_weight is null");
+  rejects(TailShape{}, norm, "tail.norm_weight is set");
   for (float eps : {0.0f, -1.0f, std::nanf(""), INFINITY}) {
-    t = norm;
+    Tail t = norm;
     t.eps = eps;
-    rejects(t, "tail.eps");
+    rejects(norm_shape, t, "tail.eps");
   }
+  Tail rope;
+  TailShape rope_shape;
+  tab.attach(rope_shape, rope, 4);
   for (int rope_dim : {3, -2, 8}) {
-    t = Tail{};
-    tab.attach(t, 4);
-    t.rope_dim = rope_dim;
-    rejects(t, "tail.rope_dim");
+    s = rope_shape;
+    s.rope_dim = rope_dim;
+    rejects(s, rope, "config.tail.rope_dim");
   }
-  t = Tail{};
-  tab.attach(t, 4);
+  Tail t = rope;
   t.rope_sin = nullptr;
-  rejects(t, "tail.rope_sin");
-  t = Tail{};
-  tab.attach(t, 4);
+  rejects(rope_shape, t, "tail.rope_sin");
+  t = rope;
   t.rope_max_blocks = 0;
-  rejects(t, "tail.rope_max_blocks");
-  t = Tail{};
-  tab.attach(t, 4);
+  rejects(rope_shape, t, "tail.rope_max_blocks");
+  t = rope;
   t.rope_max_blocks = 1;  // row 1 is block 1: no table row for it
-  rejects(t, "tail.rope_max_blocks");
-  t = Tail{};
-  t.rope_cos = tab.cos.data();  // tables without rope_dim
-  rejects(t, "rope_dim is 0");
-  t = Tail{};
-  t.hadamard = true;  // head_dim 6
-  rejects(t, "tail.hadamard");
-  rejects(Tail{}, "rstd", rstd.data());  // rstd without the norm
+  rejects(rope_shape, t, "tail.rope_max_blocks");
+  rejects(TailShape{}, rope, "rope_dim is 0");  // tables without rope_dim
+  s = TailShape{};
+  s.hadamard = true;  // head_dim 6
+  rejects(s, Tail{}, "config.tail.hadamard");
+  rejects(TailShape{}, Tail{}, "rstd", rstd.data());  // rstd without the norm
   // grad_w must be given exactly when the norm is.
   std::vector<float> g(12, 1.0f), gkv(12), gs(12), gape(6), gw(6);
+  Fp32Problem p = base;
+  p.config.tail = norm_shape;
   EXPECT_THROW(reference::tail_backward_fp32(p.host(), norm, g.data(), gkv.data(), gs.data(),
                                              gape.data(), nullptr),
                Error);
-  EXPECT_THROW(reference::tail_backward_fp32(p.host(), Tail{}, g.data(), gkv.data(), gs.data(),
-                                             gape.data(), gw.data()),
-               Error);
   EXPECT_NO_THROW(reference::tail_backward_fp32(p.host(), norm, g.data(), gkv.data(), gs.data(),
                                                 gape.data(), gw.data()));
+  EXPECT_THROW(reference::tail_backward_fp32(base.host(), Tail{}, g.data(), gkv.data(), gs.data(),
+                                             gape.data(), gw.data()),
+               Error);
 }
 
 }  // namespace

@@ -115,6 +115,107 @@ TEST_F(Validation, ElementTypeAndLayoutMustBeKnown) {
   forward_rejected([](auto& a) { a.seq_len = 64; }, kBad, "seq_len is 64 but the layout is THD");
 }
 
+// The fused tail: its stages (config.tail) and tensors (args.tail, rstd) must agree, and only
+// the short-window forward serves it.
+TEST_F(Validation, TailStagesAndTensorsMustAgree) {
+  alignas(16) static float weight[16] = {};
+  alignas(16) static float table[64] = {};
+  auto norm = [](ForwardArgs& a) {
+    a.config.tail.norm = true;
+    a.tail.norm_weight = weight;
+  };
+  auto rope = [](ForwardArgs& a) {
+    a.config.tail.rope_dim = 8;
+    a.tail.rope_cos = table;
+    a.tail.rope_sin = table;
+    a.tail.rope_max_blocks = 16;
+  };
+  forward_rejected([](auto& a) { a.config.tail.norm = true; }, kBad,
+                   "tail.norm_weight is null but config.tail.norm is true");
+  forward_rejected([](auto& a) { a.tail.norm_weight = weight; }, kBad,
+                   "tail.norm_weight is set but config.tail.norm is false");
+  forward_rejected(
+      [&](auto& a) {
+        norm(a);
+        a.tail.eps = -1.0f;
+      },
+      kBad, "tail.eps is -1");
+  forward_rejected(
+      [&](auto& a) {
+        norm(a);
+        a.config.tail.norm_weight_dtype = DType::kF16;
+      },
+      kBad, "config.tail.norm_weight_dtype is 1");
+  forward_rejected(
+      [&](auto& a) {
+        norm(a);
+        a.tail.norm_weight = reinterpret_cast<const char*>(weight) + 4;
+      },
+      kBad, "tail.norm_weight");
+  forward_rejected([&](auto& a) { a.rstd = table; }, kBad, "rstd is set but config.tail.norm");
+  forward_rejected(
+      [&](auto& a) {
+        rope(a);
+        a.config.tail.rope_dim = 18;  // > head_dim 16
+      },
+      kBad, "config.tail.rope_dim is 18");
+  forward_rejected(
+      [&](auto& a) {
+        rope(a);
+        a.tail.rope_cos = nullptr;
+      },
+      kBad, "tail.rope_cos is null");
+  forward_rejected(
+      [&](auto& a) {
+        rope(a);
+        a.tail.rope_max_blocks = 0;
+      },
+      kBad, "tail.rope_max_blocks is 0");
+  forward_rejected([&](auto& a) { a.tail.rope_cos = table; }, kBad,
+                   "set but config.tail.rope_dim is 0");
+  forward_rejected(
+      [&](auto& a) {
+        a.config = {4, 24, 2};  // head_dim 24: no power of two
+        a.config.tail.hadamard = true;
+      },
+      kBad, "config.tail.hadamard needs a power-of-two head_dim, not 24");
+  // SBHD: every block of S / ratio must have a table row.
+  forward_rejected(
+      [&](auto& a) {
+        rope(a);
+        a.config.layout = Layout::kSbhd;
+        a.cu_seqlens = a.cu_seqlens_comp = nullptr;
+        a.num_segments = 1;
+        a.seq_len = 64;
+        a.tail.rope_max_blocks = 15;
+      },
+      kBad, "gives 16 blocks");
+  // Served: the short-window family's forward, head_dim a power of two or a multiple of 32.
+  forward_rejected(
+      [&](auto& a) {
+        norm(a);
+        a.config.ratio = 32;
+        a.total_comp = 2;
+      },
+      Status::kUnsupported, "served up to ratio 16");
+  forward_rejected(
+      [&](auto& a) {
+        a.config = {4, 24, 2};
+        a.config.tail.rope_dim = 8;
+        rope(a);
+      },
+      Status::kUnsupported, "power of two or a multiple of 32, not 24");
+  expect_rejected(
+      [&] {
+        ForwardArgs a = forward_args();
+        norm(a);
+        runtime_.forward(a, nullptr, Family::kLongWindow);
+      },
+      Status::kUnsupported, "short-window family only");
+  backward_rejected([](auto& a) { a.config.tail.hadamard = true; }, Status::kUnsupported,
+                    "the fused tail's backward is not served yet");
+}
+
 TEST_F(Validation, RowStridesKeepWidthAlignmentAndInt32Offsets) {
   // Width 32 (coff 2, head_dim 16): bf16 rows are read 16 bytes (8 elements) at a time.
   forward_rejected([](auto& a) { a.kv_stride = 31; }, kBad, "kv_stride is 31");

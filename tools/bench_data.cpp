@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -63,6 +64,45 @@ HostInputs make_inputs(const Config& c, const Pack& pack, std::uint64_t seed) {
   for (auto& x : in.ape) x = 0.25f * normal(rng);
   fill(in.grad_out, in.total_comp * c.head_dim, 1.0f);
   return in;
+}
+
+TailInputs make_tail_inputs(const Config& c, const HostInputs& in, std::uint64_t seed) {
+  TailInputs t;
+  const TailShape& shape = c.tail;
+  if (shape.norm) {
+    std::mt19937_64 rng(seed ^ 0x7a11u);
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    const bool bf16 = shape.norm_weight_dtype == DType::kBf16;
+    for (int j = 0; j < c.head_dim; ++j) {
+      float w = 1.0f + normal(rng);
+      if (bf16) {
+        const std::uint16_t h = reference::float_to_bf16(w);
+        w = reference::bf16_to_float(h);
+        t.weight.push_back(static_cast<std::uint8_t>(h & 0xff));
+        t.weight.push_back(static_cast<std::uint8_t>(h >> 8));
+      } else {
+        const auto* b = reinterpret_cast<const std::uint8_t*>(&w);
+        t.weight.insert(t.weight.end(), b, b + 4);
+      }
+      t.weight_f32.push_back(w);
+    }
+  }
+  if (shape.rope()) {
+    std::int64_t longest = 0;
+    for (std::size_t s = 0; s + 1 < in.cu.size(); ++s)
+      longest = std::max<std::int64_t>(longest, in.cu[s + 1] - in.cu[s]);
+    t.max_blocks = std::max<std::int64_t>(1, longest / c.ratio);
+    const int half = shape.rope_dim / 2;
+    for (std::int64_t b = 0; b < t.max_blocks; ++b) {
+      for (int i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(b * c.ratio) *
+                             std::pow(10000.0, -2.0 * i / static_cast<double>(shape.rope_dim));
+        t.cos.push_back(static_cast<float>(std::cos(angle)));
+        t.sin.push_back(static_cast<float>(std::sin(angle)));
+      }
+    }
+  }
+  return t;
 }
 
 std::int64_t forward_bytes(const HostInputs& in, int element_bytes) {

@@ -55,6 +55,18 @@ struct DeviceInputs {
   device::Buffer cu, cuc, ape, kv, score, grad_out, out, grad_kv, grad_score, grad_ape;
 };
 
+// The tensors of config.tail for `in` (empty where a stage is off): the norm weight as
+// config.tail.norm_weight_dtype bytes (values 1 + N(0, 0.1^2)), and RoPE tables (max_blocks,
+// rope_dim / 2) of the angles block * ratio * 10000^(-2i / rope_dim), max_blocks covering the
+// longest segment.
+struct TailInputs {
+  std::vector<std::uint8_t> weight;
+  std::vector<float> weight_f32;  // the same values in fp32 (for references)
+  std::vector<float> cos, sin;
+  std::int64_t max_blocks = 0;
+};
+TailInputs make_tail_inputs(const Config& config, const HostInputs& in, std::uint64_t seed);
+
 // Bytes the operation must move: each input read once, each output written once, elements of
 // `element_bytes` (ape and grad_ape, which stay in L2, are not counted).
 std::int64_t forward_bytes(const HostInputs& in, int element_bytes = 2);

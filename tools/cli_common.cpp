@@ -35,6 +35,22 @@ void add_io_options(CLI::App* cmd, DType& dtype, Layout& layout) {
       ->transform(CLI::CheckedTransformer(layouts));
 }
 
+void add_tail_options(CLI::App* cmd, TailShape& tail) {
+  cmd->add_flag("--norm", tail.norm, "fuse the RMSNorm over head_dim (a learned weight)");
+  const std::map<std::string, DType> weights = {{"bf16", DType::kBf16}, {"fp32", DType::kF32}};
+  cmd->add_option("--norm-weight", tail.norm_weight_dtype,
+                  "the norm weight's type: fp32 or bf16 (default: fp32)")
+      ->transform(CLI::CheckedTransformer(weights));
+  cmd->add_option("--rope-dim", tail.rope_dim,
+                  "fuse RoPE on the last N columns (even, <= head_dim; default: 0, none)")
+      ->check(CLI::Range(0, 4096));
+  cmd->add_flag("!--rope-half-split", tail.rope_interleaved,
+                "RoPE pairs (i, i + N/2) instead of the interleaved (2i, 2i+1)");
+  cmd->add_flag("--hadamard", tail.hadamard,
+                "fuse the Hadamard transform of size head_dim (a power of two), scaled by "
+                "head_dim^-1/2");
+}
+
 void add_direction_option(CLI::App* cmd, std::vector<std::string>& directions,
                           const std::vector<std::string>& allowed) {
   std::string all;
@@ -88,7 +104,8 @@ nlohmann::json to_json(const Config& c) {
           {"coff", c.coff},
           {"head_dim", c.head_dim},
           {"dtype", dtype_name(c.dtype)},
-          {"layout", layout_name(c.layout)}};
+          {"layout", layout_name(c.layout)},
+          {"tail", tail_name(c.tail)}};
 }
 
 nlohmann::json to_json(const PrewarmReport& r) {

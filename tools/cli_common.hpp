@@ -18,6 +18,10 @@ void add_config_options(CLI::App* cmd, Config& config);
 // --dtype bf16|fp16|fp32 and --layout thd|sbhd (default: bf16, thd).
 void add_io_options(CLI::App* cmd, DType& dtype, Layout& layout);
 
+// --norm, --norm-weight fp32|bf16, --rope-dim N, --rope-half-split, --hadamard: the fused
+// tail (config.tail; default: none).
+void add_tail_options(CLI::App* cmd, TailShape& tail);
+
 // The directions: "fwd", "bwd" and, where offered, "bwd-det" (the deterministic backward).
 inline const std::vector<std::string> kDirections = {"fwd", "bwd"};
 inline const std::vector<std::string> kBenchDirections = {"fwd", "bwd", "bwd-det"};

@@ -36,6 +36,7 @@ struct BenchOptions {
   DType dtype = DType::kBf16;
   Layout layout = Layout::kThd;
   std::int64_t stride = 0;  // rows of kv, score, grad_kv, grad_score this many elements apart
+  TailShape tail;           // the fused tail of the forward
 };
 
 struct DeviceSet {
@@ -127,6 +128,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   Config c = shape.config;
   c.dtype = o.dtype;
   c.layout = o.layout;
+  c.tail = o.tail;
   const LaidInputs laid = laid_for(in, o);
   const bool sbhd = o.layout == Layout::kSbhd;
   const std::int64_t width = static_cast<std::int64_t>(c.coff) * c.head_dim;
@@ -152,6 +154,15 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     d.grad_out.upload(laid.grad_out.data(), comp_bytes);
     data.push_back(std::move(d));
   }
+  // The tail's tensors (L2-resident, not counted in the floor): an fp32 or bf16 weight near 1
+  // and RoPE tables with a row for every block of the longest segment.
+  const TailInputs tail = make_tail_inputs(c, in, o.seed);
+  device::Buffer norm_weight(std::max<std::size_t>(tail.weight.size(), 1));
+  device::Buffer rope_cos(std::max<std::size_t>(tail.cos.size() * 4, 4));
+  device::Buffer rope_sin(std::max<std::size_t>(tail.sin.size() * 4, 4));
+  norm_weight.upload(tail.weight.data(), tail.weight.size());
+  rope_cos.upload(tail.cos.data(), tail.cos.size() * 4);
+  rope_sin.upload(tail.sin.data(), tail.sin.size() * 4);
   const std::int64_t stride = o.stride;
   auto fwd_args = [&](int s) {
     ForwardArgs a;
@@ -167,6 +178,15 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     a.config = c;
     a.seq_len = laid.seq_len;
     a.kv_stride = a.score_stride = stride;
+    if (c.tail.norm) {
+      a.tail.norm_weight = norm_weight.get();
+      a.tail.eps = 1e-6f;
+    }
+    if (c.tail.rope()) {
+      a.tail.rope_cos = rope_cos.as<float>();
+      a.tail.rope_sin = rope_sin.as<float>();
+      a.tail.rope_max_blocks = tail.max_blocks;
+    }
     return a;
   };
   auto bwd_args = [&](int s, std::uint32_t flags) {
@@ -226,6 +246,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   measure("fwd", fwd_bytes, 1.4, 2.0, [&](int s) { rt.forward(fwd_args(s), stream); });
   // Targets: 1.4 x floor + 2 us forward; backward 1.5 x floor + 3 us (short-window family) or
   // 1.6 x floor + 3 us (long-window).
+  if (c.tail.any()) return rows;  // the fused tail's backward is not served yet
   const double bwd_slope = c.ratio > 16 ? 1.6 : 1.5;
   measure("bwd", bwd_bytes, bwd_slope, 3.0, [&](int s) { rt.backward(bwd_args(s, 0), stream); });
   measure("bwd-det", bwd_bytes, bwd_slope, 3.0,
@@ -335,6 +356,7 @@ void add_bench_command(CLI::App& app, Runtime*& runtime) {
   cmd->add_flag("!--no-jit", opts->jit, "skip the JIT and cached-load timing");
   add_direction_option(cmd, opts->directions, kBenchDirections);
   add_io_options(cmd, opts->dtype, opts->layout);
+  add_tail_options(cmd, opts->tail);
   cmd->add_option("--stride", opts->stride,
                   "rows of kv, score, grad_kv and grad_score this many elements apart, as halves "
                   "of one fused projection's output are (default: dense)")

@@ -24,6 +24,7 @@ struct PrewarmOptions {
   DType dtype = DType::kBf16;
   Layout layout = Layout::kThd;
   bool strided = false;
+  TailShape tail;
 };
 
 struct Job {
@@ -101,6 +102,7 @@ void run_prewarm(Runtime& runtime, const PrewarmOptions& o) {
     c.dtype = o.dtype;
     c.layout = o.layout;
     c.strided = o.strided;
+    c.tail = o.tail;
   }
   std::vector<Job> jobs;
   if (o.archs.empty()) {
@@ -208,6 +210,7 @@ void add_prewarm_command(CLI::App& app, Runtime*& runtime) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--jobs,-j", opts->jobs, "parallel compiles (default: one per core)");
   add_io_options(cmd, opts->dtype, opts->layout);
+  add_tail_options(cmd, opts->tail);
   cmd->add_flag("--strided", opts->strided,
                 "also the kernels of THD calls with row strides (SBHD kernels always take them)");
   cmd->add_flag("--fail-on-spill", opts->fail_on_spill,

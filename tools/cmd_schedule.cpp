@@ -102,6 +102,7 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
   auto so = std::make_shared<SelectOptions>();
   add_config_options(select, so->config);
   add_io_options(select, so->config.dtype, so->config.layout);
+  add_tail_options(select, so->config.tail);
   select->add_option("--rows", so->rows, "output rows of the call (total_comp)")
       ->required()
       ->check(CLI::NonNegativeNumber);

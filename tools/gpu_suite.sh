@@ -5,7 +5,7 @@
 # comparison). Full logs go to OUTDIR; a summary is printed last.
 #   tools/gpu_suite.sh OUTDIR [BUILD_DIR]
 # CSA_SUITE_PARTS: the parts to run, ','-separated, of tests, atomic, prebuilt, sanitizers,
-#   resident, python, tune, bench, launch, long, torch (default: all).
+#   resident, tail, python, tune, bench, launch, long, torch (default: all).
 # CSA_SUITE_VARIANTS: extra benchmark runs, ';'-separated CSA_SHORT_WINDOW_SCHEDULE values.
 # The Python package is taken from python/ with CSA_LIBRARY=BUILD_DIR/libcsa.so.0 unless an
 # installed one is importable.
@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=$PATH:/usr/local/cuda/bin
 CSA_CACHE_DIR=${CSA_CACHE_DIR:-$(mktemp -d)/csa}
 export CSA_CACHE_DIR
-parts=",${CSA_SUITE_PARTS:-tests,atomic,prebuilt,sanitizers,resident,python,tune,bench,launch,long,torch},"
+parts=",${CSA_SUITE_PARTS:-tests,atomic,prebuilt,sanitizers,resident,tail,python,tune,bench,launch,long,torch},"
 want() { [[ $parts == *",$1,"* ]]; }
 if ! python3 -c 'import csa' 2>/dev/null; then
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
@@ -77,6 +77,19 @@ if want resident; then
       >"$out/memcheck_resident.log" 2>&1
     summary+=("memcheck, resident backward: rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck_resident.log" | tail -1)")
   fi
+fi
+
+if want tail; then
+  # The fused tail's forward: its test matrix under the memory checker, and its benchmark
+  # against the plain pooling forward (tools/bench_tail.sh).
+  if command -v compute-sanitizer >/dev/null; then
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/csa_gpu_tests" \
+      --gtest_filter='Tails/GpuTail.*bf16_thd:Tails/GpuTail.*fp32_sbhd:Gpu.TailRejections*' \
+      >"$out/memcheck_tail.log" 2>&1
+    summary+=("memcheck, fused tail: rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck_tail.log" | tail -1)")
+  fi
+  tools/bench_tail.sh "$out/bench_tail" "$build" >"$out/bench_tail.txt" 2>&1
+  summary+=("bench tail: rc=$?")
 fi
 
 if want python; then
@@ -168,7 +181,7 @@ for v in "${variants[@]}"; do
   CSA_SHORT_WINDOW_SCHEDULE="$v" "$build/csa" bench --no-jit --reps 9 >>"$out/bench_variant_$i.txt" 2>&1
 done
 
-for f in bench.txt launch.txt bench_torch.txt; do [ -f "$out/$f" ] && cat "$out/$f"; done
+for f in bench.txt launch.txt bench_torch.txt bench_tail.txt; do [ -f "$out/$f" ] && cat "$out/$f"; done
 [ -f "$out/bench_long.txt" ] && grep -E '^ratio=' "$out/bench_long.txt" | grep -v bwd-det
 for f in "$out"/bench_variant_*.txt; do [ -f "$f" ] && { head -1 "$f"; grep -E '^ratio=' "$f" | awk '{print $1, $2, $5, $6}'; }; done
 printf '%s\n' "${summary[@]}"

@@ -73,6 +73,7 @@ std::string format_config(const Config& c) {
   if (c.dtype != DType::kBf16) text += fmt::format(" {}", dtype_name(c.dtype));
   if (c.layout != Layout::kThd) text += fmt::format(" {}", layout_name(c.layout));
   if (c.strided && c.layout == Layout::kThd) text += " strided";
+  if (c.tail.any()) text += " tail=" + tail_name(c.tail);
   return text;
 }
 

@@ -91,16 +91,37 @@ typedef struct csa_compressor_args {
   void* grad_kv;
   void* grad_score;
   float* grad_ape;
+  /* ---- version 2: the fused tail after the pooling, y = H(rope(rmsnorm(x) * w)) in fp32 with
+   * one rounding of y (the forward; a backward with a tail is rejected as not served yet). */
+  uint32_t tail_flags;     /* CSA_TAIL_NORM | CSA_TAIL_NORM_WEIGHT_BF16 | CSA_TAIL_ROPE_HALF_SPLIT |
+                              CSA_TAIL_HADAMARD; 0 with rope_dim 0: no tail */
+  int32_t rope_dim;        /* RoPE on the last rope_dim columns (even, <= head_dim); 0: none */
+  float eps;               /* CSA_TAIL_NORM: > 0 */
+  int32_t reserved2;       /* must be 0 */
+  int64_t rope_max_blocks; /* rows of rope_cos / rope_sin */
+  const void* norm_weight; /* CSA_TAIL_NORM: (head_dim,) fp32, or bf16 with the flag */
+  const float* rope_cos;   /* (rope_max_blocks, rope_dim / 2), row = the row's block */
+  const float* rope_sin;
+  float* rstd;             /* forward, optional with CSA_TAIL_NORM: (total_comp,) fp32 */
+  float* grad_norm_weight; /* backward with CSA_TAIL_NORM (not served yet: must be NULL) */
 } csa_compressor_args;
 
-/* struct_size of the first version of csa_compressor_args. */
+/* tail_flags */
+#define CSA_TAIL_NORM 1u
+#define CSA_TAIL_NORM_WEIGHT_BF16 2u
+#define CSA_TAIL_ROPE_HALF_SPLIT 4u /* RoPE pairs (i, i + rope_dim/2), not (2i, 2i+1) */
+#define CSA_TAIL_HADAMARD 8u        /* head_dim a power of two; scaled by head_dim^-1/2 */
+
+/* struct_size of the first version of csa_compressor_args (every field up to grad_ape), and of
+ * the second (the tail's fields). The library takes either. */
 #define CSA_COMPRESSOR_ARGS_SIZE_V1 ((uint64_t)(8 + 6 * 4 + 3 * 8 + 2 * 4 + 6 * 8 + 10 * 8))
+#define CSA_COMPRESSOR_ARGS_SIZE_V2 (CSA_COMPRESSOR_ARGS_SIZE_V1 + (uint64_t)(4 * 4 + 8 + 5 * 8))
 
 CSA_API int csa_compressor_forward_ex(const csa_compressor_args* args, void* stream);
 CSA_API int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream);
-/* Compiles or loads every kernel of args' configuration (ratio, head_dim, coff, dtype, layout)
- * for `device`, and with any nonzero stride field the kernels of THD calls with row strides
- * too; the other fields are not read. */
+/* Compiles or loads every kernel of args' configuration (ratio, head_dim, coff, dtype, layout,
+ * and in version 2 tail_flags and rope_dim) for `device`, and with any nonzero stride field the
+ * kernels of THD calls with row strides too; the other fields are not read. */
 CSA_API int csa_prewarm_ex(const csa_compressor_args* args, int device);
 
 /* Makes `device`'s primary context (the one the CUDA runtime and frameworks use) current on the

@@ -61,6 +61,37 @@ enum class Layout : std::int32_t { kThd = 0, kSbhd = 1 };
 CSA_API const char* dtype_name(DType dtype) noexcept;     // "bf16", "fp16", "fp32"
 CSA_API const char* layout_name(Layout layout) noexcept;  // "thd", "sbhd"
 
+// The compile-time shape of the Compressor's tail after the pooling, every stage optional (all
+// off: the pooled rows): y = H(rope(rmsnorm(pooled) ⊙ w)) in fp32, with one rounding of y to
+// the element type (docs/user-guide.md, "The tail"). Its tensors are a call's Tail.
+struct TailShape {
+  // RMSNorm over head_dim, x · (mean(x²) + eps)^-1/2 ⊙ w, with w of norm_weight_dtype (bf16 or
+  // fp32).
+  bool norm = false;
+  DType norm_weight_dtype = DType::kF32;
+  // RoPE on the last rope_dim columns (even, <= head_dim; 0: none) at each row's block index
+  // in its segment (its position is block * ratio; padding rows are at block 0): the pairs
+  // (2i, 2i+1) of those columns (interleaved), or (i, i + rope_dim / 2) with rope_interleaved
+  // false. a' = a·cos − b·sin, b' = a·sin + b·cos, cos and sin of row `block`, column i.
+  std::int32_t rope_dim = 0;
+  bool rope_interleaved = true;
+  // The Hadamard transform of size head_dim (a power of two), scaled by head_dim^-1/2.
+  bool hadamard = false;
+
+  bool rope() const { return rope_dim > 0; }
+  bool any() const { return norm || rope() || hadamard; }
+  bool operator==(const TailShape& o) const {
+    return norm == o.norm && (!norm || norm_weight_dtype == o.norm_weight_dtype) &&
+           rope_dim == o.rope_dim && (rope_dim == 0 || rope_interleaved == o.rope_interleaved) &&
+           hadamard == o.hadamard;
+  }
+  bool operator!=(const TailShape& o) const { return !(*this == o); }
+};
+
+// "norm+rope64+hadamard" ("norm-bf16" for a bf16 weight, "rope64-half" for half-split pairs),
+// "none" without a tail.
+CSA_API std::string tail_name(const TailShape& tail);
+
 // The compile-time shape of one compressor.
 struct Config {
   std::int32_t ratio = 4;
@@ -71,31 +102,21 @@ struct Config {
   // THD calls with row strides run kernels of their own, compiled on the first such call;
   // `strided` has prewarm and plans prepare them too (SBHD kernels always take strides).
   bool strided = false;
+  // The fused tail (none by default). Its kernels are kernels of their own: a configuration
+  // with a tail is prepared, cached and planned apart from the plain one.
+  TailShape tail;
 };
 
-// The Compressor's tail after the pooling, every stage optional (all off: the pooled rows):
-// y = H(rope(rmsnorm(pooled) ⊙ w)) in fp32, with one rounding of y to config.dtype
-// (docs/user-guide.md, "The tail").
+// The tensors of a call's tail, as config.tail names its stages (device pointers in calls,
+// host pointers in the references).
 struct Tail {
-  // RMSNorm over head_dim, x · (mean(x²) + eps)^-1/2 ⊙ w; null: no norm.
-  const void* norm_weight = nullptr;  // (head_dim,) of norm_weight_dtype: bf16 or fp32
-  DType norm_weight_dtype = DType::kF32;
-  float eps = 1e-6f;
-  // RoPE on the last rope_dim columns (even, <= head_dim; 0: none) at each row's block index
-  // in its segment (its position is block * ratio; padding rows are at block 0): the pairs
-  // (2i, 2i+1) of those columns (interleaved), or (i, i + rope_dim / 2) with rope_interleaved
-  // false. a' = a·cos − b·sin, b' = a·sin + b·cos, cos and sin of row `block`, column i.
-  std::int32_t rope_dim = 0;
-  bool rope_interleaved = true;
-  const float* rope_cos = nullptr;  // (rope_max_blocks, rope_dim / 2)
-  const float* rope_sin = nullptr;  // (rope_max_blocks, rope_dim / 2)
+  const void* norm_weight = nullptr;  // config.tail.norm: (head_dim,) of norm_weight_dtype
+  float eps = 1e-6f;                  // config.tail.norm: > 0
+  const float* rope_cos = nullptr;    // config.tail.rope(): (rope_max_blocks, rope_dim / 2)
+  const float* rope_sin = nullptr;    // config.tail.rope(): (rope_max_blocks, rope_dim / 2)
+  // Table rows. Kernels read row min(block, rope_max_blocks - 1): size the tables for the
+  // longest segment (the host cannot see device offsets; SBHD calls are checked).
   std::int64_t rope_max_blocks = 0;
-  // The Hadamard transform of size head_dim (a power of two), scaled by head_dim^-1/2.
-  bool hadamard = false;
-
-  bool norm() const { return norm_weight != nullptr; }
-  bool rope() const { return rope_dim > 0; }
-  bool any() const { return norm() || rope() || hadamard; }
 };
 
 // Which kernels serve a call. kAuto routes by the schedule table (short-window for small
@@ -150,6 +171,10 @@ struct ForwardArgs {
   std::int64_t kv_stride = 0;
   std::int64_t score_stride = 0;
   std::int64_t out_stride = 0;
+  // config.tail's tensors; out then holds y. rstd (optional, needs the norm): total_comp fp32
+  // values, each row's (mean(x²) + eps)^-1/2.
+  Tail tail;
+  float* rstd = nullptr;
 };
 
 struct BackwardArgs {

@@ -1,4 +1,6 @@
 // The C ABI over the public C++ API: exceptions become status codes and a thread-local message.
+#include <cstddef>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -30,27 +32,61 @@ int guarded(Fn&& fn) {
   }
 }
 
-static_assert(sizeof(csa_compressor_args) == CSA_COMPRESSOR_ARGS_SIZE_V1,
+static_assert(sizeof(csa_compressor_args) == CSA_COMPRESSOR_ARGS_SIZE_V2,
               "csa_compressor_args: a field was added without a new version size");
+static_assert(offsetof(csa_compressor_args, tail_flags) == CSA_COMPRESSOR_ARGS_SIZE_V1,
+              "csa_compressor_args: version 2 must begin where version 1 ends");
 
-// The arguments struct of the _ex calls, checked before anything else is read.
-const csa_compressor_args& checked_args(const csa_compressor_args* args) {
+constexpr std::uint32_t kKnownTailFlags =
+    CSA_TAIL_NORM | CSA_TAIL_NORM_WEIGHT_BF16 | CSA_TAIL_ROPE_HALF_SPLIT | CSA_TAIL_HADAMARD;
+
+// The arguments struct of the _ex calls, checked before anything else is read, as the latest
+// version: a version-1 caller's struct with the later fields zero (no tail).
+csa_compressor_args checked_args(const csa_compressor_args* args) {
   if (args == nullptr) csa::fail(csa::Status::kInvalidArgument, "args is null");
-  if (args->struct_size != CSA_COMPRESSOR_ARGS_SIZE_V1) {
+  const std::uint64_t size = args->struct_size;
+  if (size != CSA_COMPRESSOR_ARGS_SIZE_V1 && size != CSA_COMPRESSOR_ARGS_SIZE_V2) {
     csa::fail(csa::Status::kInvalidArgument,
-              "args->struct_size is {}: this library (csa {}) knows struct_size {} "
-              "(sizeof(csa_compressor_args) of its csa.h); rebuild against the csa.h of the "
-              "library you load",
-              args->struct_size, csa::version(), CSA_COMPRESSOR_ARGS_SIZE_V1);
+              "args->struct_size is {}: this library (csa {}) knows struct_size {} (version 1) "
+              "and {} (version 2, sizeof(csa_compressor_args) of its csa.h); rebuild against "
+              "the csa.h of the library you load",
+              size, csa::version(), CSA_COMPRESSOR_ARGS_SIZE_V1, CSA_COMPRESSOR_ARGS_SIZE_V2);
   }
-  if (args->reserved != 0)
-    csa::fail(csa::Status::kInvalidArgument, "args->reserved is {} (must be 0)", args->reserved);
-  return *args;
+  csa_compressor_args a{};
+  std::memcpy(&a, args, static_cast<std::size_t>(size));
+  if (a.reserved != 0)
+    csa::fail(csa::Status::kInvalidArgument, "args->reserved is {} (must be 0)", a.reserved);
+  if (a.reserved2 != 0)
+    csa::fail(csa::Status::kInvalidArgument, "args->reserved2 is {} (must be 0)", a.reserved2);
+  if ((a.tail_flags & ~kKnownTailFlags) != 0) {
+    csa::fail(csa::Status::kInvalidArgument,
+              "args->tail_flags {:#x} has unknown bits (known: CSA_TAIL_NORM=1, "
+              "CSA_TAIL_NORM_WEIGHT_BF16=2, CSA_TAIL_ROPE_HALF_SPLIT=4, CSA_TAIL_HADAMARD=8)",
+              a.tail_flags);
+  }
+  return a;
 }
 
 csa::Config config_of(const csa_compressor_args& a) {
-  return {a.ratio, a.head_dim, a.coff, static_cast<csa::DType>(a.dtype),
-          static_cast<csa::Layout>(a.layout)};
+  csa::Config c{a.ratio, a.head_dim, a.coff, static_cast<csa::DType>(a.dtype),
+                static_cast<csa::Layout>(a.layout)};
+  c.tail.norm = (a.tail_flags & CSA_TAIL_NORM) != 0;
+  c.tail.norm_weight_dtype =
+      (a.tail_flags & CSA_TAIL_NORM_WEIGHT_BF16) != 0 ? csa::DType::kBf16 : csa::DType::kF32;
+  c.tail.rope_dim = a.rope_dim;
+  c.tail.rope_interleaved = (a.tail_flags & CSA_TAIL_ROPE_HALF_SPLIT) == 0;
+  c.tail.hadamard = (a.tail_flags & CSA_TAIL_HADAMARD) != 0;
+  return c;
+}
+
+csa::Tail tail_of(const csa_compressor_args& a) {
+  csa::Tail t;
+  t.norm_weight = a.norm_weight;
+  t.eps = a.eps;
+  t.rope_cos = a.rope_cos;
+  t.rope_sin = a.rope_sin;
+  t.rope_max_blocks = a.rope_max_blocks;
+  return t;
 }
 
 template <typename Args>
@@ -75,7 +111,7 @@ extern "C" {
 
 int csa_compressor_forward_ex(const csa_compressor_args* args, void* stream) {
   return guarded([&] {
-    const csa_compressor_args& a = checked_args(args);
+    const csa_compressor_args a = checked_args(args);
     if (a.flags != 0) {
       csa::fail(csa::Status::kInvalidArgument, "args->flags is {:#x}: the forward takes none",
                 a.flags);
@@ -84,13 +120,19 @@ int csa_compressor_forward_ex(const csa_compressor_args* args, void* stream) {
     copy_inputs(f, a);
     f.out = a.out;
     f.out_stride = a.out_stride;
+    f.tail = tail_of(a);
+    f.rstd = a.rstd;
+    if (a.grad_norm_weight != nullptr) {
+      csa::fail(csa::Status::kInvalidArgument,
+                "args->grad_norm_weight is set: the forward writes out and rstd only");
+    }
     csa::forward(f, static_cast<csa::Stream>(stream));
   });
 }
 
 int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream) {
   return guarded([&] {
-    const csa_compressor_args& a = checked_args(args);
+    const csa_compressor_args a = checked_args(args);
     csa::BackwardArgs b;
     copy_inputs(b, a);
     b.flags = a.flags;
@@ -101,13 +143,15 @@ int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream) {
     b.grad_out_stride = a.grad_out_stride;
     b.grad_kv_stride = a.grad_kv_stride;
     b.grad_score_stride = a.grad_score_stride;
+    if (a.rstd != nullptr)
+      csa::fail(csa::Status::kInvalidArgument, "args->rstd is set: it is a forward output");
     csa::backward(b, static_cast<csa::Stream>(stream));
   });
 }
 
 int csa_prewarm_ex(const csa_compressor_args* args, int device) {
   return guarded([&] {
-    const csa_compressor_args& a = checked_args(args);
+    const csa_compressor_args a = checked_args(args);
     csa::Config c = config_of(a);
     c.strided = a.kv_stride != 0 || a.score_stride != 0 || a.out_stride != 0 ||
                 a.grad_out_stride != 0 || a.grad_kv_stride != 0 || a.grad_score_stride != 0;

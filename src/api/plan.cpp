@@ -18,7 +18,7 @@ struct Plan::State {
     const Config& p = prepared->config;
     const Config& c = a.config;
     if (c.ratio != p.ratio || c.coff != p.coff || c.head_dim != p.head_dim || c.dtype != p.dtype ||
-        c.layout != p.layout) {
+        c.layout != p.layout || c.tail != p.tail) {
       fail(Status::kInvalidArgument, "the call is for {} but the plan was prepared for {}",
            compressor::config_label(c), compressor::config_label(p));
     }

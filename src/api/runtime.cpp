@@ -86,6 +86,10 @@ void Runtime::set_schedule_table(std::string_view json_text, std::string_view so
       schedule::parse_schedule_table(json_text, std::string(source_name)));
 }
 
+std::string tail_name(const TailShape& tail) {
+  return compressor::tail_label(tail);
+}
+
 ScheduleChoice Runtime::select_schedule(const Config& config, Direction direction,
                                         std::int64_t rows, std::string_view arch) {
   const std::string a(arch);
@@ -98,6 +102,10 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     // The schedule the launch path uses, CSA_SHORT_WINDOW_SCHEDULE included.
     const schedule::ShortWindowSchedule s = impl_->service.schedule_for(config);
     choice.schedule = s.describe();
+    if (direction == Direction::kBackward && config.tail.any()) {
+      fail(Status::kUnsupported,
+           "config.tail: the fused tail's backward is not served yet (no backward schedule)");
+    }
     if (direction == Direction::kBackward) {
       // The kernel of this row count: the resident one of the call's kernels, if they have one.
       const int kernel_layout = compressor::kernel_layouts(config).back();
@@ -106,10 +114,14 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
           schedule::backward_takes_resident(s, config, rows);
       choice.schedule += resident ? ",kernel=resident" : ",kernel=default";
     } else {
-      choice.schedule +=
-          schedule::forward_choice(s, config, rows).wide ? ",kernel=wide" : ",kernel=narrow";
+      const schedule::ForwardChoice f = schedule::forward_choice(s, config, rows);
+      choice.schedule += f.wide ? ",kernel=wide" : ",kernel=narrow";
+      // The tail's kernels hold whole rows: their own vector width and CTA size.
+      if (config.tail.any())
+        choice.schedule += fmt::format(",tail_vec={},tail_threads={}", f.vec, f.threads);
     }
-    choice.contract = "bitwise";
+    // The tail is under the tolerance contract (its row sums are not the reference's order).
+    choice.contract = config.tail.any() ? "tolerance" : "bitwise";
     const compressor::GradApeForm form = compressor::short_window_grad_ape(s);
     choice.grad_ape_atomic = direction == Direction::kBackward && form.atomic;
     choice.grad_ape_atomic_needs_claim_words = choice.grad_ape_atomic && form.needs_claim_words;

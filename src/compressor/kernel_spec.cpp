@@ -23,9 +23,10 @@ std::vector<std::string> base_options(const CompileOptions& options) {
 }  // namespace
 
 std::string config_label(const Config& c) {
-  return fmt::format("ratio={} coff={} head_dim={} {} {}{}", c.ratio, c.coff, c.head_dim,
+  return fmt::format("ratio={} coff={} head_dim={} {} {}{}{}", c.ratio, c.coff, c.head_dim,
                      dtype_name(c.dtype), layout_name(c.layout),
-                     c.strided && c.layout == Layout::kThd ? " strided" : "");
+                     c.strided && c.layout == Layout::kThd ? " strided" : "",
+                     c.tail.any() ? " tail=" + tail_label(c.tail) : "");
 }
 
 std::string prewarm_spec(const Config& c) {
@@ -33,6 +34,14 @@ std::string prewarm_spec(const Config& c) {
   if (c.dtype != DType::kBf16) spec += fmt::format(" --dtype {}", dtype_name(c.dtype));
   if (c.layout != Layout::kThd) spec += fmt::format(" --layout {}", layout_name(c.layout));
   if (c.strided && c.layout == Layout::kThd) spec += " --strided";
+  const TailShape& t = c.tail;
+  if (t.norm) {
+    spec += " --norm";
+    if (t.norm_weight_dtype == DType::kBf16) spec += " --norm-weight bf16";
+  }
+  if (t.rope()) spec += fmt::format(" --rope-dim {}", t.rope_dim);
+  if (t.rope() && !t.rope_interleaved) spec += " --rope-half-split";
+  if (t.hadamard) spec += " --hadamard";
   return spec;
 }
 
@@ -55,9 +64,25 @@ std::vector<int> kernel_layouts(const Config& c) {
   return {csa_kernel::kLayoutThdPacked};
 }
 
+int epilogue_code(const TailShape& t) {
+  if (!t.any()) return csa_kernel::kEpilogueIdentity;
+  return csa_kernel::tail_epilogue(t.norm, t.norm_weight_dtype == DType::kF32, t.rope_dim,
+                                   t.rope_interleaved, t.hadamard);
+}
+
+std::string tail_label(const TailShape& t) {
+  if (!t.any()) return "none";
+  std::string out;
+  auto add = [&](const std::string& stage) { out += (out.empty() ? "" : "+") + stage; };
+  if (t.norm) add(t.norm_weight_dtype == DType::kBf16 ? "norm-bf16" : "norm");
+  if (t.rope()) add(fmt::format("rope{}{}", t.rope_dim, t.rope_interleaved ? "" : "-half"));
+  if (t.hadamard) add("hadamard");
+  return out;
+}
+
 std::string io_policy(const Config& c, int kernel_layout) {
   return fmt::format("csa_kernel::Io<{},{},{}>", static_cast<int>(c.dtype), kernel_layout,
-                     static_cast<int>(csa_kernel::kEpilogueIdentity));
+                     epilogue_code(c.tail));
 }
 
 namespace {
@@ -119,6 +144,18 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
     slots.grad_ape = m.add(kt::kReferenceGradApe);
   } else {
     auto& slots = spec.slots.short_window;
+    if (c.tail.any()) {
+      // The fused tail's forward kernels only (its backward is not served yet: validation).
+      const auto narrow = schedule::forward_kernel(s, c, false);
+      const auto wide = schedule::forward_kernel(s, c, true);
+      slots.forward = m.add(kt::kShortWindowForward, narrow.vec, narrow.threads, 0);
+      slots.forward_wide =
+          m.add(kt::kShortWindowForward, wide.vec, wide.threads, s.forward_wide_min_ctas);
+      const std::string label =
+          fmt::format("short-r{}-c{}-d{}-{}-{}-{}", c.ratio, c.coff, c.head_dim,
+                      io_label(c, kernel_layout), tail_label(c.tail), arch);
+      return finish(std::move(spec), m, label, arch, options);
+    }
     slots.forward = m.add(kt::kShortWindowForward, s.forward_vec, s.forward_narrow_threads, 0);
     slots.backward_fixed = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
                                  s.backward_ty, true, s.backward_min_ctas);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "csa/csa.hpp"
 #include "csa_params.h"
@@ -60,6 +61,14 @@ void fill_inputs(Params& params, const Args& a) {
 inline void fill_output(csa_kernel::ForwardParams& params, const ForwardArgs& a) {
   params.out = a.out;
   params.out_stride = row_stride(a.out_stride, a.config.head_dim);
+  // The tail epilogue's tensors (validated: set exactly as config.tail names its stages).
+  params.norm_weight = a.tail.norm_weight;
+  params.eps = a.tail.eps;
+  params.rope_cos = a.tail.rope_cos;
+  params.rope_sin = a.tail.rope_sin;
+  params.rope_max_blocks = static_cast<std::int32_t>(
+      std::min<std::int64_t>(a.tail.rope_max_blocks, std::numeric_limits<std::int32_t>::max()));
+  params.rstd = a.rstd;
 }
 
 template <typename T>

@@ -1,12 +1,14 @@
 #include "compressor/record_cache.hpp"
 
+#include "compressor/kernel_spec.hpp"
+
 namespace csa::compressor {
 
 RecordCache::Key RecordCache::key(const Config& c, int kernel_layout, Family family, int device) {
   return {c.ratio,       c.coff,
           c.head_dim,    static_cast<int>(c.dtype),
           kernel_layout, static_cast<int>(family),
-          device};
+          device,        epilogue_code(c.tail)};
 }
 
 std::shared_ptr<const Prepared> RecordCache::find(const Key& key) const {

@@ -15,8 +15,8 @@ namespace csa::compressor {
 
 class RecordCache {
  public:
-  // ratio, coff, head_dim, dtype, kernel layout, family, device
-  using Key = std::tuple<int, int, int, int, int, int, int>;
+  // ratio, coff, head_dim, dtype, kernel layout, family, device, epilogue (the tail's code)
+  using Key = std::tuple<int, int, int, int, int, int, int, int>;
   static Key key(const Config& config, int kernel_layout, Family family, int device);
 
   std::shared_ptr<const Prepared> find(const Key& key) const;

@@ -106,6 +106,7 @@ std::shared_ptr<const schedule::ScheduleSet> Service::schedules() const {
 Family Service::resolve(const Config& config, Family family, const std::string& arch) const {
   check_family(config, family);
   if (family != Family::kAuto) return family;
+  if (config.tail.any()) return Family::kShortWindow;  // the tail's only family (check_family)
   return schedules()->route(config, arch);
 }
 
@@ -199,7 +200,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
           regs, shared);
     };
     const ShortWindowSlots& slots = prepared->slots.short_window;
-    prepared->backward_ctas_per_sm = ctas_of(slots.backward_atomic);
+    if (slots.backward_atomic >= 0) prepared->backward_ctas_per_sm = ctas_of(slots.backward_atomic);
     if (slots.backward_atomic_resident >= 0)
       prepared->resident_backward_ctas_per_sm = ctas_of(slots.backward_atomic_resident);
   }

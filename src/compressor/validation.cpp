@@ -140,40 +140,47 @@ void validate_config(const Config& c) {
   if (c.head_dim < 1 || c.head_dim > kMaxHeadDim) {
     fail(Status::kInvalidArgument, "head_dim is {} (supported: 1..{})", c.head_dim, kMaxHeadDim);
   }
+  const TailShape& t = c.tail;
+  if (t.norm && t.norm_weight_dtype != DType::kBf16 && t.norm_weight_dtype != DType::kF32) {
+    fail(Status::kInvalidArgument,
+         "config.tail.norm_weight_dtype is {} (supported: bf16 = 0, fp32 = 2)",
+         static_cast<int>(t.norm_weight_dtype));
+  }
+  if (t.rope_dim < 0 || t.rope_dim % 2 != 0 || t.rope_dim > c.head_dim) {
+    fail(Status::kInvalidArgument, "config.tail.rope_dim is {} (must be even, in 0..head_dim {})",
+         t.rope_dim, c.head_dim);
+  }
+  if (t.hadamard && (c.head_dim & (c.head_dim - 1)) != 0) {
+    fail(Status::kInvalidArgument, "config.tail.hadamard needs a power-of-two head_dim, not {}",
+         c.head_dim);
+  }
 }
 
 void validate_tail(const Config& c, const Tail& t) {
-  if (t.norm()) {
-    if (t.norm_weight_dtype != DType::kBf16 && t.norm_weight_dtype != DType::kF32) {
-      fail(Status::kInvalidArgument, "tail.norm_weight_dtype is {} (supported: bf16 = 0, fp32 = 2)",
-           static_cast<int>(t.norm_weight_dtype));
-    }
+  const TailShape& shape = c.tail;
+  if (shape.norm) {
+    if (t.norm_weight == nullptr)
+      fail(Status::kInvalidArgument, "tail.norm_weight is null but config.tail.norm is true");
     if (!std::isfinite(t.eps) || t.eps <= 0.0f)
       fail(Status::kInvalidArgument, "tail.eps is {} (must be finite and > 0)", t.eps);
+  } else if (t.norm_weight != nullptr) {
+    fail(Status::kInvalidArgument, "tail.norm_weight is set but config.tail.norm is false");
   }
-  if (t.rope_dim < 0 || t.rope_dim % 2 != 0 || t.rope_dim > c.head_dim) {
-    fail(Status::kInvalidArgument, "tail.rope_dim is {} (must be even, in 0..head_dim {})",
-         t.rope_dim, c.head_dim);
-  }
-  if (t.rope()) {
+  if (shape.rope()) {
     if (t.rope_cos == nullptr || t.rope_sin == nullptr) {
-      fail(Status::kInvalidArgument, "tail.rope_{} is null with rope_dim {}",
-           t.rope_cos == nullptr ? "cos" : "sin", t.rope_dim);
+      fail(Status::kInvalidArgument, "tail.rope_{} is null with config.tail.rope_dim {}",
+           t.rope_cos == nullptr ? "cos" : "sin", shape.rope_dim);
     }
     // Entries of one table must stay within int64 (and within the int32 indexing of kernels).
     constexpr std::int64_t kMaxTableEntries = (std::int64_t{1} << 31) - 1;
-    if (t.rope_max_blocks < 1 || t.rope_max_blocks > kMaxTableEntries / (t.rope_dim / 2)) {
+    if (t.rope_max_blocks < 1 || t.rope_max_blocks > kMaxTableEntries / (shape.rope_dim / 2)) {
       fail(Status::kInvalidArgument,
            "tail.rope_max_blocks is {} (must be >= 1, and rows * rope_dim / 2 < 2^31)",
            t.rope_max_blocks);
     }
   } else if (t.rope_cos != nullptr || t.rope_sin != nullptr || t.rope_max_blocks != 0) {
     fail(Status::kInvalidArgument,
-         "tail.rope_cos / rope_sin / rope_max_blocks are set but rope_dim is 0");
-  }
-  if (t.hadamard && (c.head_dim & (c.head_dim - 1)) != 0) {
-    fail(Status::kInvalidArgument, "tail.hadamard needs a power-of-two head_dim, not {}",
-         c.head_dim);
+         "tail.rope_cos / rope_sin / rope_max_blocks are set but config.tail.rope_dim is 0");
   }
 }
 
@@ -184,6 +191,26 @@ void check_family(const Config& c, Family family) {
          "ratio {} (coff {}, head_dim {}) is beyond the short-window family (ratio 1..{}); use "
          "the long-window family (Family::kLongWindow) or let the runtime route (Family::kAuto)",
          c.ratio, c.coff, c.head_dim, schedule::kShortWindowMaxRatio);
+  }
+  if (c.tail.any()) {
+    // NOTE: the fused tail's forward is a policy of the short-window kernels only so far.
+    if (family != Family::kAuto && family != Family::kShortWindow) {
+      fail(Status::kUnsupported,
+           "config.tail (the fused RMSNorm/RoPE/Hadamard) runs in the short-window family only; "
+           "call with Family::kAuto or Family::kShortWindow");
+    }
+    if (c.ratio > schedule::kShortWindowMaxRatio) {
+      fail(Status::kUnsupported,
+           "config.tail (the fused RMSNorm/RoPE/Hadamard) is served up to ratio {} (the "
+           "short-window family), not ratio {}",
+           schedule::kShortWindowMaxRatio, c.ratio);
+    }
+    if (schedule::tail_vec(2, c.head_dim) == 0) {
+      fail(Status::kUnsupported,
+           "config.tail (the fused RMSNorm/RoPE/Hadamard) needs head_dim a power of two or a "
+           "multiple of 32, not {}",
+           c.head_dim);
+    }
   }
 }
 
@@ -259,10 +286,36 @@ void validate_forward(const ForwardArgs& a) {
       checked_stride(a.out_stride, "out_stride", d, a.total_comp, a.config);
   check_pointer(a.out, "out", strided_elements(a.total_comp, out_stride, d), kDataAlign);
   (void)s;
+  validate_tail(a.config, a.tail);
+  const TailShape& tail = a.config.tail;
+  if (tail.norm) {
+    check_pointer(a.tail.norm_weight, "tail.norm_weight", d, kDataAlign);
+  }
+  if (tail.rope()) {
+    const std::int64_t entries = a.tail.rope_max_blocks * (tail.rope_dim / 2);
+    check_pointer(a.tail.rope_cos, "tail.rope_cos", entries, 4);
+    check_pointer(a.tail.rope_sin, "tail.rope_sin", entries, 4);
+    // SBHD's blocks are known here: every row's block must have a table row.
+    if (a.config.layout == Layout::kSbhd && a.seq_len / a.config.ratio > a.tail.rope_max_blocks) {
+      fail(Status::kInvalidArgument,
+           "tail.rope_max_blocks is {} but SBHD's S = {} gives {} blocks at ratio {}",
+           a.tail.rope_max_blocks, a.seq_len, a.seq_len / a.config.ratio, a.config.ratio);
+    }
+  }
+  if (a.rstd != nullptr) {
+    if (!tail.norm)
+      fail(Status::kInvalidArgument, "rstd is set but config.tail.norm is false (no norm)");
+    check_pointer(a.rstd, "rstd", a.total_comp, 4);
+  }
 }
 
 void validate_backward(const BackwardArgs& a) {
   const Shape s = validate_inputs(a);
+  if (a.config.tail.any()) {
+    fail(Status::kUnsupported,
+         "config.tail: the fused tail's backward is not served yet (run the backward of the "
+         "plain configuration and the tail's backward outside csa)");
+  }
   if ((a.flags & ~(kAccumulateGradApe | kDeterministic)) != 0) {
     fail(Status::kInvalidArgument,
          "flags {:#x} has unknown bits (known: CSA_ACCUMULATE_GRAD_APE=1, CSA_DETERMINISTIC=2)",

@@ -17,16 +17,17 @@ using namespace detail;
 namespace {
 
 // grad_w is given exactly when the norm is.
-void check_grad_w(const Tail& t, const void* grad_w) {
-  if ((grad_w != nullptr) != t.norm()) {
-    fail(Status::kInvalidArgument, "grad_w is {} but tail.norm_weight is {}",
-         grad_w != nullptr ? "set" : "null", t.norm() ? "set" : "null");
+void check_grad_w(const HostProblem& p, const void* grad_w) {
+  if ((grad_w != nullptr) != p.config.tail.norm) {
+    fail(Status::kInvalidArgument, "grad_w is {} but config.tail.norm is {}",
+         grad_w != nullptr ? "set" : "null", p.config.tail.norm ? "true" : "false");
   }
 }
 
 void check(const HostProblem& p, const Tail& t) {
+  compressor::validate_config(p.config);
   compressor::validate_tail(p.config, t);
-  if (!t.rope()) return;
+  if (!p.config.tail.rope()) return;
   for (std::int64_t row = 0; row < p.total_comp; ++row) {
     const std::int64_t block = block_of(p, row);
     if (block >= t.rope_max_blocks) {
@@ -38,15 +39,16 @@ void check(const HostProblem& p, const Tail& t) {
 }
 
 template <typename T>
-T weight(const Tail& t, int j) {
-  return static_cast<T>(element(t.norm_weight, t.norm_weight_dtype, j));
+T weight(const HostProblem& p, const Tail& t, int j) {
+  return static_cast<T>(element(t.norm_weight, p.config.tail.norm_weight_dtype, j));
 }
 
 // The two columns of RoPE pair i.
 struct Pair {
   int a, b;
 };
-Pair pair_of(const Config& c, const Tail& t, int i) {
+Pair pair_of(const Config& c, int i) {
+  const TailShape& t = c.tail;
   const int first = c.head_dim - t.rope_dim;
   return t.rope_interleaved ? Pair{first + 2 * i, first + 2 * i + 1}
                             : Pair{first + i, first + i + t.rope_dim / 2};
@@ -55,9 +57,10 @@ Pair pair_of(const Config& c, const Tail& t, int i) {
 // Calls f(a, b, cos, sin) for every RoPE pair of row `row`: its columns and its table entries.
 template <typename T, typename F>
 void for_each_pair(const HostProblem& p, const Tail& t, std::int64_t row, F f) {
-  const std::int64_t base = block_of(p, row) * (t.rope_dim / 2);
-  for (int i = 0; i < t.rope_dim / 2; ++i) {
-    const Pair q = pair_of(p.config, t, i);
+  const int half = p.config.tail.rope_dim / 2;
+  const std::int64_t base = block_of(p, row) * half;
+  for (int i = 0; i < half; ++i) {
+    const Pair q = pair_of(p.config, i);
     f(q.a, q.b, static_cast<T>(t.rope_cos[base + i]), static_cast<T>(t.rope_sin[base + i]));
   }
 }
@@ -96,11 +99,11 @@ T tail_row(const HostProblem& p, const Tail& t, std::int64_t row, const std::vec
   const int d = p.config.head_dim;
   y = x;
   T rstd = 1;
-  if (t.norm()) {
+  if (p.config.tail.norm) {
     rstd = rstd_of(x, t);
-    for (int j = 0; j < d; ++j) y[j] = (x[j] * rstd) * weight<T>(t, j);
+    for (int j = 0; j < d; ++j) y[j] = (x[j] * rstd) * weight<T>(p, t, j);
   }
-  if (t.rope()) {
+  if (p.config.tail.rope()) {
     for_each_pair<T>(p, t, row, [&](int ia, int ib, T c, T s) {
       const T a = y[ia];
       const T b = y[ib];
@@ -108,7 +111,7 @@ T tail_row(const HostProblem& p, const Tail& t, std::int64_t row, const std::vec
       y[ib] = a * s + b * c;
     });
   }
-  if (t.hadamard) hadamard(y);
+  if (p.config.tail.hadamard) hadamard(y);
   return rstd;
 }
 
@@ -118,8 +121,8 @@ template <typename T>
 void tail_row_backward(const HostProblem& p, const Tail& t, std::int64_t row,
                        const std::vector<T>& x, std::vector<T>& g, std::vector<T>& gw) {
   const int d = p.config.head_dim;
-  if (t.hadamard) hadamard(g);
-  if (t.rope()) {
+  if (p.config.tail.hadamard) hadamard(g);
+  if (p.config.tail.rope()) {
     for_each_pair<T>(p, t, row, [&](int ia, int ib, T c, T s) {
       const T ga = g[ia];
       const T gb = g[ib];
@@ -127,15 +130,15 @@ void tail_row_backward(const HostProblem& p, const Tail& t, std::int64_t row,
       g[ib] = gb * c - ga * s;
     });
   }
-  if (!t.norm()) return;
+  if (!p.config.tail.norm) return;
   const T rstd = rstd_of(x, t);
   // gx_j = rstd · w_j·gn_j − x_j · rstd³ · (Σ_k w_k·gn_k·x_k) / d
   T dot = 0;
-  for (int j = 0; j < d; ++j) dot += (weight<T>(t, j) * g[j]) * x[j];
+  for (int j = 0; j < d; ++j) dot += (weight<T>(p, t, j) * g[j]) * x[j];
   const T coef = ((rstd * rstd) * rstd) * dot / static_cast<T>(d);
   for (int j = 0; j < d; ++j) {
     gw[j] += g[j] * (x[j] * rstd);
-    g[j] = rstd * (weight<T>(t, j) * g[j]) - coef * x[j];
+    g[j] = rstd * (weight<T>(p, t, j) * g[j]) - coef * x[j];
   }
 }
 
@@ -161,8 +164,8 @@ std::vector<T> pooled_gradients(const HostProblem& p, const Tail& t, const void*
 
 void tail_forward_fp32(const HostProblem& problem, const Tail& tail, void* y, float* rstd) {
   check(problem, tail);
-  if (rstd != nullptr && !tail.norm())
-    fail(Status::kInvalidArgument, "rstd is asked for without a norm (tail.norm_weight is null)");
+  if (rstd != nullptr && !problem.config.tail.norm)
+    fail(Status::kInvalidArgument, "rstd is asked for without a norm (config.tail.norm is false)");
   const int d = problem.config.head_dim;
   std::vector<float> x, out;
   for (std::int64_t row = 0; row < problem.total_comp; ++row) {
@@ -188,7 +191,7 @@ void tail_backward_fp32(const HostProblem& problem, const Tail& tail, const void
                         void* grad_kv, void* grad_score, float* grad_ape, float* grad_w,
                         bool accumulate) {
   check(problem, tail);
-  check_grad_w(tail, grad_w);
+  check_grad_w(problem, grad_w);
   const int d = problem.config.head_dim;
   std::vector<float> gw;
   const std::vector<float> gx = pooled_gradients<float>(problem, tail, grad_y, gw);
@@ -216,7 +219,7 @@ void tail_backward_fp32(const HostProblem& problem, const Tail& tail, const void
 void tail_backward_fp64(const HostProblem& problem, const Tail& tail, const void* grad_y,
                         double* grad_kv, double* grad_score, double* grad_ape, double* grad_w) {
   check(problem, tail);
-  check_grad_w(tail, grad_w);
+  check_grad_w(problem, grad_w);
   const int d = problem.config.head_dim;
   std::vector<double> gw;
   const std::vector<double> gx = pooled_gradients<double>(problem, tail, grad_y, gw);

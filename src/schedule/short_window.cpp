@@ -190,13 +190,36 @@ int resident_ctas(const SmLimits& sm, int threads, int registers, int shared_byt
   return std::max(ctas, 1);
 }
 
+int tail_vec(int preferred, int head_dim) {
+  auto serves = [&](int v) {
+    return head_dim % v == 0 && csa_kernel::tail_row_threads_ok(head_dim / v);
+  };
+  for (int v = preferred; v >= 1; v /= 2)
+    if (serves(v)) return v;
+  for (int v = preferred * 2; v <= 8; v *= 2)
+    if (serves(v)) return v;
+  return 0;
+}
+
+ForwardChoice forward_kernel(const ShortWindowSchedule& s, const Config& c, bool wide) {
+  ForwardChoice f;
+  f.wide = wide;
+  f.vec = wide ? s.forward_wide_vec : s.forward_vec;
+  f.threads = wide ? s.forward_threads : s.forward_narrow_threads;
+  if (c.tail.any()) {
+    f.vec = tail_vec(f.vec, c.head_dim);
+    if (f.vec == 0) fail(Status::kUnsupported, "no tail kernel serves head_dim {}", c.head_dim);
+    // Whole rows in whole warps: a multiple of the row's threads and of 32.
+    const int unit = std::max(c.head_dim / f.vec, 32);
+    f.threads = (f.threads + unit - 1) / unit * unit;
+    if (f.threads > 1024) f.threads = unit;
+  }
+  return f;
+}
+
 ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& c,
                              std::int64_t total_comp) {
-  ForwardChoice f;
-  f.wide = total_comp * c.head_dim >= s.forward_wide_min_elements;
-  f.vec = f.wide ? s.forward_wide_vec : s.forward_vec;
-  f.threads = f.wide ? s.forward_threads : s.forward_narrow_threads;
-  return f;
+  return forward_kernel(s, c, total_comp * c.head_dim >= s.forward_wide_min_elements);
 }
 
 BackwardGrid backward_grid(const ShortWindowSchedule& s, const Config& c, std::int64_t total_comp,

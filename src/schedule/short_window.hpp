@@ -59,6 +59,14 @@ struct ForwardChoice {
 };
 ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& config,
                              std::int64_t total_comp);
+// The narrow (wide = false) or wide forward kernel of a module. With a tail (config.tail) the
+// vector width is tail_vec's and the CTA holds whole rows in whole warps.
+ForwardChoice forward_kernel(const ShortWindowSchedule& s, const Config& config, bool wide);
+
+// The vector width of a tail kernel nearest `preferred` (1, 2, 4 or 8; the narrower first)
+// whose rows are held by whole warps or a power of two of threads up to a warp
+// (csa_kernel::tail_row_threads_ok of head_dim / vec); 0: no width serves head_dim.
+int tail_vec(int preferred, int head_dim);
 
 // The residency target of the second backward kernel of the module for `kernel_layout`
 // (csa_kernel::LayoutKind) in `dtype`; 0: that module has none. Packed bf16 has none: its

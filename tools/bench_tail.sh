@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The fused tail's forward against the plain pooling forward of the same shape, one `csa bench`
+# run per (shape, variant) on this GPU. A shape is R,C,D,PACK:TAIL with TAIL the tail options
+# joined by '+' ("norm+rope64+hadamard"). Prints kernel times and the ratio to the plain kernel.
+# usage: tools/bench_tail.sh OUTDIR [BUILD_DIR] [SHAPE:TAIL ...]
+set -euo pipefail
+out=${1:?usage: tools/bench_tail.sh OUTDIR [BUILD_DIR] [SHAPE:TAIL ...]}
+build=${2:-build}
+shift $(( $# >= 2 ? 2 : 1 ))
+cases=("$@")
+[ ${#cases[@]} -gt 0 ] || cases=(4,2,512,1x4096:norm+rope64 4,2,128,1x4096:norm+rope64+hadamard
+                                 4,2,512,3x8192:norm+rope64 4,2,128,3x8192:norm+rope64+hadamard
+                                 2,2,512,1x4096:norm+rope64)
+mkdir -p "$out"
+for item in "${cases[@]}"; do
+  shape=${item%%:*}
+  tail=${item#*:}
+  flags=()
+  IFS=+ read -ra stages <<<"$tail"
+  for s in "${stages[@]}"; do
+    case $s in
+      norm) flags+=(--norm) ;;
+      norm-bf16) flags+=(--norm --norm-weight bf16) ;;
+      rope*-half) n=${s#rope}; flags+=(--rope-dim "${n%-half}" --rope-half-split) ;;
+      rope*) flags+=(--rope-dim "${s#rope}") ;;
+      hadamard) flags+=(--hadamard) ;;
+      *) echo "unknown tail stage '$s' in $item" >&2; exit 2 ;;
+    esac
+  done
+  tag=${shape//[,x]/_}
+  "$build/csa" bench --no-jit --direction fwd -s "$shape" --save "$out/$tag-plain.json" \
+    >"$out/$tag-plain.txt" 2>&1
+  "$build/csa" bench --no-jit --direction fwd -s "$shape" "${flags[@]}" \
+    --save "$out/$tag-tail.json" >"$out/$tag-tail.txt" 2>&1
+done
+python3 - "$out" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+runs = {}
+for f in sorted(out.glob("*-plain.json")) + sorted(out.glob("*-tail.json")):
+    tag, name = f.stem.rsplit("-", 1)
+    for row in json.loads(f.read_text())["rows"]:
+        runs[(tag, name)] = row
+print(f"{'shape':<22} {'tail':<36} {'plain us':>9} {'fused us':>9} {'x plain':>8} {'x floor':>8}")
+for tag in sorted({t for t, _ in runs}):
+    plain, tail = runs.get((tag, "plain")), runs.get((tag, "tail"))
+    if not plain or not tail:
+        continue
+    label = tail["shape"].split(" tail=")[-1].split(",pack")[0]
+    print(f"{tag:<22} {label:<36} {plain['kernel_us']:>9.2f} {tail['kernel_us']:>9.2f} "
+          f"{tail['kernel_us'] / plain['kernel_us']:>8.3f} {tail['ratio_to_floor']:>8.2f}")
+PY
