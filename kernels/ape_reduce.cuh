@@ -1,5 +1,5 @@
-// Fixed-order sum of the per-row-group grad_ape partials: bitwise deterministic, and the one
-// place where overwrite or accumulate is decided.
+// Fixed-order sum of the per-row-group grad_ape partials (and the tail's grad_w partials after
+// them): bitwise deterministic, and the one place where overwrite or accumulate is decided.
 #pragma once
 #include "csa_common.cuh"
 
@@ -25,7 +25,8 @@ __global__ void __launch_bounds__(32 * LANES)
   float total = part[0][threadIdx.x];
 #pragma unroll
   for (int y = 1; y < LANES; ++y) total = __fadd_rn(total, part[y][threadIdx.x]);
-  p.grad_ape[e] = p.accumulate ? __fadd_rn(p.grad_ape[e], total) : total;
+  float* const dst = e < p.ape_elements ? p.grad_ape + e : p.grad_w + (e - p.ape_elements);
+  *dst = p.accumulate ? __fadd_rn(*dst, total) : total;
 }
 
 // The same fixed-order sum for few groups over many elements (the long-window backward with

@@ -262,15 +262,16 @@ struct Layout {
 // thread of the CTA calls its store_row, threads without a row included.
 struct IdentityEpilogue {
   static constexpr bool kCooperative = false;
+  static constexpr bool kNorm = false;
   // VEC columns of one pooled row, fp32, to `dst` (row `row`, first column `col`).
   template <class E, int VEC>
   static __device__ __forceinline__ void store(typename E::T* dst, int /*row*/, int /*col*/,
                                                const float (&v)[VEC]) {
     store_vec<E, VEC>(dst, v);
   }
-  template <int VEC, int HEAD_DIM, int THREADS>
-  static __device__ __forceinline__ void stage_operands(const ForwardParams& /*p*/, int /*col*/,
-                                                        int /*block*/) {}
+  template <int VEC, int HEAD_DIM, int THREADS, class P>
+  static __device__ __forceinline__ void stage_operands(const P& /*p*/, int /*col*/, int /*block*/,
+                                                        int /*tid*/) {}
   template <class E, int VEC, int HEAD_DIM, int THREADS>
   static __device__ __forceinline__ void store_row(const ForwardParams& /*p*/, typename E::T* dst,
                                                    int /*row*/, int /*col*/, bool /*has_row*/,

@@ -47,11 +47,14 @@ CSA_SHARED_FN int tail_rope_dim(int code) {
 }
 
 // Threads holding one row in a tail kernel (every column of a row in one CTA): a power of two
-// up to a warp (xor shuffles stay in the row) or whole warps.
+// up to a warp (xor shuffles stay in the row) or whole warps, at most 256 (the tail's shared
+// memory, 16 bytes a column and more, stays within a CTA's static 48 KB).
 CSA_SHARED_FN bool tail_row_threads_ok(int threads) {
-  return threads >= 1 && threads <= 1024 &&
+  return threads >= 1 && threads <= 256 &&
          (threads % 32 == 0 || (threads <= 32 && (threads & (threads - 1)) == 0));
 }
+// The widest head_dim a tail kernel serves (256 threads of 4 columns).
+constexpr int kTailMaxHeadDim = 1024;
 
 CSA_SHARED_FN int element_bytes(int kind) {
   return kind == kElementF32 ? 4 : 2;
@@ -128,15 +131,27 @@ struct BackwardParams {
   csa_i32 grad_score_stride;
   csa_i32 seq_len;
   csa_i32 reserved;  // keeps the size a multiple of 8 on both sides
+  // The tail epilogue's tensors (unused by the identity epilogue); grad_w's partials follow
+  // grad_ape's in each row group's workspace block.
+  const void* norm_weight;
+  const float* rope_cos;
+  const float* rope_sin;
+  float* grad_w;  // unused by the kernel (the reduction writes it)
+  float eps;
+  csa_i32 rope_max_blocks;
 };
 
 struct ApeReduceParams {
   const float* workspace;
   float* grad_ape;
-  csa_i32 elements;  // ratio * W
-  csa_i32 groups;    // row groups written by the backward kernel
+  // With the tail's norm: element ape_elements + j of a group's partials is grad_w[j].
+  float* grad_w;
+  csa_i32 elements;      // per group: ratio * W (+ head_dim with grad_w)
+  csa_i32 ape_elements;  // ratio * W
+  csa_i32 groups;        // row groups written by the backward kernel
   csa_i32 accumulate;
   csa_i32 dependents_first;  // the grid is one wave: see pdl_enter()
+  csa_i32 reserved;
 };
 
 struct OffsetCheckParams {
@@ -150,8 +165,8 @@ struct OffsetCheckParams {
 };
 
 static_assert(sizeof(ForwardParams) == 10 * 8 + 10 * 4, "ForwardParams layout");
-static_assert(sizeof(BackwardParams) == 10 * 8 + 12 * 4, "BackwardParams layout");
-static_assert(sizeof(ApeReduceParams) == 2 * 8 + 4 * 4, "ApeReduceParams layout");
+static_assert(sizeof(BackwardParams) == 14 * 8 + 14 * 4, "BackwardParams layout");
+static_assert(sizeof(ApeReduceParams) == 3 * 8 + 6 * 4, "ApeReduceParams layout");
 static_assert(sizeof(OffsetCheckParams) == 3 * 8 + 4 * 4, "OffsetCheckParams layout");
 
 }  // namespace csa_kernel

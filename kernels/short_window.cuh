@@ -99,7 +99,8 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS)
   for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
   if (has_row) {
     const RowWindow w = L::locate(p, row);
-    Store::template stage_operands<VEC, HEAD_DIM, THREADS>(p, col, w.block);
+    Store::template stage_operands<VEC, HEAD_DIM, THREADS>(p, col, w.block,
+                                                           static_cast<int>(threadIdx.x));
     const bool use_prev = COFF == 2 && !w.first;
     const TokenRows sr = L::rows(p, p.score_stride);
     const TokenRows kr = L::rows(p, p.kv_stride);
@@ -211,6 +212,21 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   typename IO::T* const grad_score = IO::out(p.grad_score);
   constexpr int SLOTS = (COFF == 2 ? 2 : 1) * RATIO;
   constexpr int ROW_FLOATS = TX * VEC;  // one slot's columns in this CTA
+  // The tail (a cooperative epilogue): rows whole in a CTA (TX * VEC = head_dim, one column
+  // block), the tail's backward between grad_y and the pooling's backward, and with the norm
+  // grad_w's partials after grad_ape's in each row group's block of the workspace (the fixed
+  // order only).
+  using Tail = typename IO::Store;
+  constexpr bool TAIL = Tail::kCooperative;
+  constexpr bool GRAD_W = TAIL && Tail::kNorm;
+  static_assert(!TAIL || (ROW_FLOATS == HEAD_DIM && FIXED_ORDER),
+                "the tail's backward takes whole rows and the fixed order");
+  constexpr int GROUP_FLOATS = RATIO * W + (GRAD_W ? HEAD_DIM : 0);
+  const int tid = ty * TX + tx;
+  float dw[TAIL ? VEC : 1];  // the norm's grad_w terms (unused without the norm)
+#pragma unroll
+  for (int v = 0; v < (TAIL ? VEC : 1); ++v) dw[v] = 0.0f;
+  int parity = 0;
   // Atomic mode with claim words: the arrival and, in the CTA that claims the block, its
   // zeroing at the start, so that no CTA waits for the zeroing after its rows (warp 0 waits
   // here for the arrival's reply).
@@ -248,7 +264,8 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       float g[VEC];
       load_vec<E, VEC>(IO::in(p.grad_out) + row * gout_stride + col, g);
       const RowWindow w = L::locate(p, row);
-      if (w.padding) continue;
+      if (w.padding) continue;  // the whole row's threads alike
+      Tail::template stage_operands<VEC, HEAD_DIM, TX * TY>(p, col, w.block, tid);
       const bool use_prev = COFF == 2 && !w.first;
       float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
       float own_e[RATIO][VEC], own_kv[RATIO][VEC];
@@ -259,6 +276,26 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       const long long gsb = gs_rows.at(w.t0) + col;
       // p_k replaces s_k in place.
       softmax_weights<NPREV, RATIO, VEC>(prev_e, own_e, use_prev);
+      if constexpr (TAIL) {
+        // The pooled row, recomputed as the forward computes it, then g: grad_y -> grad_x.
+        float x[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) x[v] = 0.0f;
+        if (use_prev) {
+#pragma unroll
+          for (int k = 0; k < NPREV; ++k)
+#pragma unroll
+            for (int v = 0; v < VEC; ++v)
+              x[v] = __fadd_rn(x[v], __fmul_rn(prev_kv[k][v], prev_e[k][v]));
+        }
+#pragma unroll
+        for (int k = 0; k < RATIO; ++k)
+#pragma unroll
+          for (int v = 0; v < VEC; ++v)
+            x[v] = __fadd_rn(x[v], __fmul_rn(own_kv[k][v], own_e[k][v]));
+        Tail::template backward_row<VEC, HEAD_DIM, TX * TY>(p, col, tid, parity, x, g, dw);
+        parity ^= 1;
+      }
 
       float S[VEC];
 #pragma unroll
@@ -333,9 +370,24 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
 #pragma unroll
       for (int k = 0; k < RATIO; ++k) fold[ty][SLOTS - RATIO + k][tx * VEC + v] = dape_own[k][v];
     }
+    if constexpr (GRAD_W) {
+      __shared__ float wfold[TY][ROW_FLOATS];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) wfold[ty][tx * VEC + v] = dw[v];
+      __syncthreads();
+      // grad_w's partial of this row group, folded over the row lanes in lane order.
+      float* const wdst =
+          p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS + RATIO * W;
+      for (int c = ty * TX + tx; c < HEAD_DIM; c += TX * TY) {
+        float sum = wfold[0][c];
+#pragma unroll
+        for (int y = 1; y < TY; ++y) sum = __fadd_rn(sum, wfold[y][c]);
+        wdst[c] = sum;
+      }
+    }
     __syncthreads();
     float* dst =
-        FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
+        FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS : p.grad_ape;
     const int col0 = blockIdx.x * ROW_FLOATS;
     if constexpr (!FIXED_ORDER && ROW_FLOATS % 4 == 0 && HEAD_DIM % 4 == 0) {
       // Four consecutive elements a thread, added by one 16-byte reduction: a quarter of the
@@ -372,7 +424,11 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     if (claims) __syncthreads();
     if (!active) return;
     float* dst =
-        FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * (RATIO * W) : p.grad_ape;
+        FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS : p.grad_ape;
+    if constexpr (GRAD_W) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) dst[RATIO * W + col + v] = dw[v];
+    }
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       if constexpr (COFF == 2) {

@@ -1,9 +1,10 @@
 // The tail epilogue: RMSNorm, RoPE and the Hadamard transform of each pooled row in fp32, y
-// rounded once (docs/user-guide.md, "The tail"). A row's columns are held by NCV = HEAD_DIM /
-// VEC consecutive threads of one CTA (the forward's row-major thread order with THREADS a
-// multiple of NCV), so every thread of the CTA calls it, threads without a row too: the row's
-// sum of squares and the Hadamard butterflies cross threads by shuffles within a warp and by
-// shared memory across warps.
+// rounded once, and their backward into the pooled row's gradient (docs/user-guide.md, "The
+// tail"). A row's columns are held by NCV = HEAD_DIM / VEC consecutive threads of one CTA (by
+// linear thread index `tid`: the forward's row-major thread order with THREADS a multiple of
+// NCV, the backward's TX = NCV), so every thread of a row calls it, in the forward threads
+// without a row too: the row's sums and the Hadamard butterflies cross threads by shuffles
+// within a warp and by shared memory across warps.
 #pragma once
 #include "csa_io.cuh"
 
@@ -22,35 +23,44 @@ __device__ __forceinline__ constexpr float hadamard_scale() {
 // The barrier of one row's warps (NCV threads, whole warps): a named barrier per row where the
 // CTA holds at most 15 rows (ids 1..15; 0 is __syncthreads), so that a row waits only for its
 // own warps, not for the other rows' loads; else the CTA's barrier.
+// NOTE: the CTA's barrier needs every thread of the CTA at it: where it is taken (one row, or
+// more than 15), every row must run the same number of barriers.
 template <int NCV, int THREADS>
-__device__ __forceinline__ void row_barrier() {
+__device__ __forceinline__ void row_barrier(int tid) {
   constexpr int ROWS = THREADS / NCV;
   if constexpr (ROWS == 1 || ROWS > 15) {
     __syncthreads();
   } else {
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + static_cast<int>(threadIdx.x) / NCV), "r"(NCV)
-                 : "memory");
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + tid / NCV), "r"(NCV) : "memory");
   }
 }
 
-// The sum of one value per thread over the NCV threads of each row, the same bits in every
-// thread of the row (a butterfly, then the row's warps in order). `red`: a float per warp.
-// NOTE: across warps it takes one row barrier; `red` may be reused only after another.
-template <int NCV, int THREADS>
-__device__ __forceinline__ float row_sum(float s, float* red) {
+// The sums of N values per thread over the NCV threads of each row, the same bits in every
+// thread of the row (a butterfly, then the row's warps in order). `red`: N floats per warp.
+// NOTE: across warps it takes one row barrier; `red` may be written again only after another
+// (the backward alternates two by row parity).
+template <int NCV, int THREADS, int N>
+__device__ __forceinline__ void row_sums(float (&s)[N], float* red, int tid) {
   constexpr int WIDTH = NCV < 32 ? NCV : 32;
 #pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+  for (int o = WIDTH / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < N; ++i) s[i] = __fadd_rn(s[i], __shfl_xor_sync(0xffffffffu, s[i], o));
   if constexpr (NCV > 32) {
     constexpr int WARPS = NCV / 32;
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
-    row_barrier<NCV, THREADS>();
-    const float* mine = red + (threadIdx.x / NCV) * WARPS;
-    s = mine[0];
+    if (tid % 32 == 0) {
 #pragma unroll
-    for (int w = 1; w < WARPS; ++w) s = __fadd_rn(s, mine[w]);
+      for (int i = 0; i < N; ++i) red[i * (THREADS / 32) + tid / 32] = s[i];
+    }
+    row_barrier<NCV, THREADS>(tid);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float* mine = red + i * (THREADS / 32) + (tid / NCV) * WARPS;
+      s[i] = mine[0];
+#pragma unroll
+      for (int w = 1; w < WARPS; ++w) s[i] = __fadd_rn(s[i], mine[w]);
+    }
   }
-  return s;
 }
 
 template <int KIND>
@@ -94,8 +104,8 @@ struct TailEpilogue {
     return slots;
   }
   template <int VEC, int THREADS>
-  static __device__ __forceinline__ float& slot(int array, int v) {
-    return staging<VEC, THREADS>()[(array * VEC + v) * THREADS + threadIdx.x];
+  static __device__ __forceinline__ float& slot(int array, int v, int tid) {
+    return staging<VEC, THREADS>()[(array * VEC + v) * THREADS + tid];
   }
   static __device__ __forceinline__ void cp_async_4(float* dst, const void* src) {
     const unsigned saddr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -105,9 +115,8 @@ struct TailEpilogue {
   // Issues the copies of this thread's operands (a row's thread, right after its window is
   // located): their L2 round trip then overlaps the window's DRAM one, and no register holds
   // them meanwhile (in registers they cost the wide kernel 21 of them).
-  template <int VEC, int HEAD_DIM, int THREADS>
-  static __device__ __forceinline__ void stage_operands(const ForwardParams& p, int col,
-                                                        int block) {
+  template <int VEC, int HEAD_DIM, int THREADS, class P>
+  static __device__ __forceinline__ void stage_operands(const P& p, int col, int block, int tid) {
     if constexpr (kNorm) {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
@@ -116,7 +125,7 @@ struct TailEpilogue {
                 ? static_cast<const void*>(static_cast<const float*>(p.norm_weight) + col + v)
                 : static_cast<const void*>(static_cast<const unsigned*>(p.norm_weight) +
                                            ((col + v) >> 1));
-        cp_async_4(&slot<VEC, THREADS>(0, v), src);
+        cp_async_4(&slot<VEC, THREADS>(0, v, tid), src);
       }
     }
     if constexpr (kRopeDim > 0) {
@@ -127,8 +136,8 @@ struct TailEpilogue {
       for (int v = 0; v < VEC; ++v) {
         const int i = pair_of<HEAD_DIM>(col + v);
         if (i < 0) continue;
-        cp_async_4(&slot<VEC, THREADS>(COS, v), p.rope_cos + base + i);
-        cp_async_4(&slot<VEC, THREADS>(COS + 1, v), p.rope_sin + base + i);
+        cp_async_4(&slot<VEC, THREADS>(COS, v, tid), p.rope_cos + base + i);
+        cp_async_4(&slot<VEC, THREADS>(COS + 1, v, tid), p.rope_sin + base + i);
       }
     }
     if constexpr (kArrays > 0) asm volatile("cp.async.commit_group;" ::: "memory");
@@ -137,12 +146,12 @@ struct TailEpilogue {
   // The staged operands, once this thread's copies landed. NOTE: threads without a row staged
   // nothing and read stale slots; their rows are never stored and no row's sums mix them in.
   template <int VEC, int THREADS>
-  static __device__ __forceinline__ void load_operands(int col, Operands<VEC>& op) {
+  static __device__ __forceinline__ void load_operands(int col, int tid, Operands<VEC>& op) {
     if constexpr (kArrays > 0) asm volatile("cp.async.wait_all;" ::: "memory");
     if constexpr (kNorm) {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
-        const float staged = slot<VEC, THREADS>(0, v);
+        const float staged = slot<VEC, THREADS>(0, v, tid);
         if constexpr (kWeightF32) {
           op.w[v] = staged;
         } else {
@@ -155,34 +164,54 @@ struct TailEpilogue {
       constexpr int COS = kNorm ? 1 : 0;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
-        op.cos[v] = slot<VEC, THREADS>(COS, v);
-        op.sin[v] = slot<VEC, THREADS>(COS + 1, v);
+        op.cos[v] = slot<VEC, THREADS>(COS, v, tid);
+        op.sin[v] = slot<VEC, THREADS>(COS + 1, v, tid);
       }
     }
   }
 
-  // n = (x · rstd) · w with rstd = 1 / sqrt(Σx² / d + eps); returns rstd.
+  // 1 / sqrt(Σx² / d + eps); Σx² / d is exact as a product where d is a power of two.
+  template <int HEAD_DIM>
+  static __device__ __forceinline__ float rstd_of(float sum_sq, float eps) {
+    const float mean = (HEAD_DIM & (HEAD_DIM - 1)) == 0
+                           ? __fmul_rn(sum_sq, 1.0f / static_cast<float>(HEAD_DIM))
+                           : __fdiv_rn(sum_sq, static_cast<float>(HEAD_DIM));
+    return __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
+  }
+
+  // n = (x · rstd) · w; returns rstd.
   template <int VEC, int HEAD_DIM, int NCV, int THREADS>
   static __device__ __forceinline__ float norm(const ForwardParams& p, const Operands<VEC>& op,
-                                               float (&x)[VEC], float* red) {
-    float ss = 0.0f;
+                                               float (&x)[VEC], float* red, int tid) {
+    float ss[1] = {0.0f};
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) ss = __fadd_rn(ss, __fmul_rn(x[v], x[v]));
-    ss = row_sum<NCV, THREADS>(ss, red);
-    // Σx² / d: exact as a product where d is a power of two.
-    const float mean = (HEAD_DIM & (HEAD_DIM - 1)) == 0
-                           ? __fmul_rn(ss, 1.0f / static_cast<float>(HEAD_DIM))
-                           : __fdiv_rn(ss, static_cast<float>(HEAD_DIM));
-    const float rstd = __frcp_rn(__fsqrt_rn(__fadd_rn(mean, p.eps)));
+    for (int v = 0; v < VEC; ++v) ss[0] = __fadd_rn(ss[0], __fmul_rn(x[v], x[v]));
+    row_sums<NCV, THREADS>(ss, red, tid);
+    const float rstd = rstd_of<HEAD_DIM>(ss[0], p.eps);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) x[v] = __fmul_rn(__fmul_rn(x[v], rstd), op.w[v]);
     return rstd;
   }
 
-  // a' = a·cos − b·sin, b' = a·sin + b·cos on the pairs of the last kRopeDim columns.
-  template <int VEC, int HEAD_DIM, int NCV, int THREADS>
+  // The rotation of one pair's column: `own` its value, `other` the pair's other one, `lower`
+  // whether own is the pair's first column. Forward: a' = a·cos − b·sin, b' = a·sin + b·cos;
+  // transposed (backward): ga = ga'·cos + gb'·sin, gb = gb'·cos − ga'·sin.
+  template <bool TRANSPOSED>
+  static __device__ __forceinline__ float rotate(float own, float other, bool lower, float co,
+                                                 float si) {
+    if constexpr (TRANSPOSED) {
+      return lower ? __fadd_rn(__fmul_rn(own, co), __fmul_rn(other, si))
+                   : __fsub_rn(__fmul_rn(own, co), __fmul_rn(other, si));
+    } else {
+      return lower ? __fsub_rn(__fmul_rn(own, co), __fmul_rn(other, si))
+                   : __fadd_rn(__fmul_rn(other, si), __fmul_rn(own, co));
+    }
+  }
+
+  // RoPE on the pairs of the last kRopeDim columns (or its transpose).
+  template <bool TRANSPOSED, int VEC, int HEAD_DIM, int NCV, int THREADS>
   static __device__ __forceinline__ void rope(int col, const Operands<VEC>& op, float (&x)[VEC],
-                                              float* xs) {
+                                              float* xs, int tid) {
     constexpr int FIRST = HEAD_DIM - kRopeDim;
     constexpr int HALF = kRopeDim / 2;
     if constexpr (kInterleaved && VEC % 2 == 0) {
@@ -192,39 +221,35 @@ struct TailEpilogue {
         if (col + v < FIRST) continue;
         const float a = x[v];
         const float b = x[v + 1];
-        x[v] = __fsub_rn(__fmul_rn(a, op.cos[v]), __fmul_rn(b, op.sin[v]));
-        x[v + 1] = __fadd_rn(__fmul_rn(a, op.sin[v]), __fmul_rn(b, op.cos[v]));
+        x[v] = rotate<TRANSPOSED>(a, b, true, op.cos[v], op.sin[v]);
+        x[v + 1] = rotate<TRANSPOSED>(b, a, false, op.cos[v], op.sin[v]);
       }
     } else if constexpr (kInterleaved) {
       // VEC 1: the pair's other column is the neighbouring thread's (lane ^ 1).
       const float other = __shfl_xor_sync(0xffffffffu, x[0], 1);
-      if (col >= FIRST) {
-        x[0] = (col - FIRST) % 2 == 0
-                   ? __fsub_rn(__fmul_rn(x[0], op.cos[0]), __fmul_rn(other, op.sin[0]))
-                   : __fadd_rn(__fmul_rn(other, op.sin[0]), __fmul_rn(x[0], op.cos[0]));
-      }
+      if (col >= FIRST)
+        x[0] = rotate<TRANSPOSED>(x[0], other, (col - FIRST) % 2 == 0, op.cos[0], op.sin[0]);
     } else {
       // Half-split pairs (i, i + HALF) cross threads: exchanged through the CTA's rows.
-      float* const row_xs = xs + (threadIdx.x / NCV) * HEAD_DIM;
+      float* const row_xs = xs + (tid / NCV) * HEAD_DIM;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) row_xs[col + v] = x[v];
-      row_barrier<NCV, THREADS>();
+      row_barrier<NCV, THREADS>(tid);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
         const int c = col + v;
         if (c < FIRST) continue;
         const bool lower = c < FIRST + HALF;
-        const float other = row_xs[lower ? c + HALF : c - HALF];
-        x[v] = lower ? __fsub_rn(__fmul_rn(x[v], op.cos[v]), __fmul_rn(other, op.sin[v]))
-                     : __fadd_rn(__fmul_rn(other, op.sin[v]), __fmul_rn(x[v], op.cos[v]));
+        x[v] = rotate<TRANSPOSED>(x[v], row_xs[lower ? c + HALF : c - HALF], lower, op.cos[v],
+                                  op.sin[v]);
       }
-      row_barrier<NCV, THREADS>();  // row_xs is free again
+      row_barrier<NCV, THREADS>(tid);  // row_xs is free again
     }
   }
 
   // The butterflies of strides 1, 2, 4, ... (a + b, a − b), then the product by d^-1/2.
   template <int VEC, int HEAD_DIM, int NCV, int THREADS>
-  static __device__ __forceinline__ void hadamard(float (&x)[VEC], float* xs) {
+  static __device__ __forceinline__ void hadamard(float (&x)[VEC], float* xs, int tid) {
     static_assert((HEAD_DIM & (HEAD_DIM - 1)) == 0, "the Hadamard transform needs 2^k columns");
 #pragma unroll
     for (int h = 1; h < VEC; h <<= 1)
@@ -236,7 +261,7 @@ struct TailEpilogue {
         x[v] = __fadd_rn(a, b);
         x[v + h] = __fsub_rn(a, b);
       }
-    const int lane = static_cast<int>(threadIdx.x) % NCV;  // the row's thread: columns lane*VEC..
+    const int lane = tid % NCV;  // the row's thread: columns lane * VEC ...
 #pragma unroll
     for (int m = 1; m < NCV; m <<= 1) {
       const bool upper = (lane & m) != 0;
@@ -245,13 +270,13 @@ struct TailEpilogue {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) other[v] = __shfl_xor_sync(0xffffffffu, x[v], m);
       } else {
-        // The partner thread is in another warp of the row: threadIdx.x ^ m (NCV is 2^k).
+        // The partner thread is in another warp of the row: tid ^ m (NCV is 2^k).
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) xs[threadIdx.x * VEC + v] = x[v];
-        row_barrier<NCV, THREADS>();
+        for (int v = 0; v < VEC; ++v) xs[tid * VEC + v] = x[v];
+        row_barrier<NCV, THREADS>(tid);
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) other[v] = xs[(threadIdx.x ^ m) * VEC + v];
-        row_barrier<NCV, THREADS>();
+        for (int v = 0; v < VEC; ++v) other[v] = xs[(tid ^ m) * VEC + v];
+        row_barrier<NCV, THREADS>(tid);
       }
 #pragma unroll
       for (int v = 0; v < VEC; ++v)
@@ -273,15 +298,56 @@ struct TailEpilogue {
                   "a tail kernel's CTA holds whole rows in whole warps");
     __shared__ __align__(16) float xs[THREADS * VEC];  // the CTA's rows, row-major
     __shared__ float red[THREADS / 32];
+    const int tid = threadIdx.x;
     Operands<VEC> op;
-    load_operands<VEC, THREADS>(col, op);
+    load_operands<VEC, THREADS>(col, tid, op);
     if constexpr (kNorm) {
-      const float rstd = norm<VEC, HEAD_DIM, NCV, THREADS>(p, op, x, red);
+      const float rstd = norm<VEC, HEAD_DIM, NCV, THREADS>(p, op, x, red, tid);
       if (has_row && col == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
     }
-    if constexpr (kRopeDim > 0) rope<VEC, HEAD_DIM, NCV, THREADS>(col, op, x, xs);
-    if constexpr (kHadamard) hadamard<VEC, HEAD_DIM, NCV, THREADS>(x, xs);
+    if constexpr (kRopeDim > 0) rope<false, VEC, HEAD_DIM, NCV, THREADS>(col, op, x, xs, tid);
+    if constexpr (kHadamard) hadamard<VEC, HEAD_DIM, NCV, THREADS>(x, xs, tid);
     if (has_row) store_vec<E, VEC>(dst, x);
+  }
+
+  // The backward of one row (every thread of the row; operands staged by stage_operands): `g`
+  // holds grad_y on entry and the pooled row's gradient on return, `x` is the pooled row; the
+  // norm's grad_w term of the row is added into `dw` (gn · x · rstd, this thread's columns).
+  // `parity` alternates between consecutive rows of a thread (the row sums' two buffers).
+  template <int VEC, int HEAD_DIM, int THREADS>
+  static __device__ __forceinline__ void backward_row(const BackwardParams& p, int col, int tid,
+                                                      int parity, const float (&x)[VEC],
+                                                      float (&g)[VEC], float (&dw)[VEC]) {
+    constexpr int NCV = HEAD_DIM / VEC;
+    static_assert(tail_row_threads_ok(NCV) && THREADS % NCV == 0 && THREADS % 32 == 0,
+                  "a tail kernel's CTA holds whole rows in whole warps");
+    __shared__ __align__(16) float xs[THREADS * VEC];
+    __shared__ float red[2][2 * (THREADS / 32)];
+    Operands<VEC> op;
+    load_operands<VEC, THREADS>(col, tid, op);
+    // The Hadamard transform is its own transpose.
+    if constexpr (kHadamard) hadamard<VEC, HEAD_DIM, NCV, THREADS>(g, xs, tid);
+    if constexpr (kRopeDim > 0) rope<true, VEC, HEAD_DIM, NCV, THREADS>(col, op, g, xs, tid);
+    if constexpr (kNorm) {
+      // gx = rstd · w · gn − x · rstd³ · (Σ w · gn · x) / d
+      float sums[2] = {0.0f, 0.0f};  // Σx², Σ (w · gn) · x
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        sums[0] = __fadd_rn(sums[0], __fmul_rn(x[v], x[v]));
+        sums[1] = __fadd_rn(sums[1], __fmul_rn(__fmul_rn(op.w[v], g[v]), x[v]));
+      }
+      row_sums<NCV, THREADS>(sums, red[parity], tid);
+      const float rstd = rstd_of<HEAD_DIM>(sums[0], p.eps);
+      const float cubed = __fmul_rn(__fmul_rn(rstd, rstd), rstd);
+      const float coef = (HEAD_DIM & (HEAD_DIM - 1)) == 0
+                             ? __fmul_rn(__fmul_rn(cubed, sums[1]), 1.0f / HEAD_DIM)
+                             : __fdiv_rn(__fmul_rn(cubed, sums[1]), static_cast<float>(HEAD_DIM));
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        dw[v] = __fadd_rn(dw[v], __fmul_rn(g[v], __fmul_rn(x[v], rstd)));
+        g[v] = __fsub_rn(__fmul_rn(rstd, __fmul_rn(op.w[v], g[v])), __fmul_rn(coef, x[v]));
+      }
+    }
   }
 };
 

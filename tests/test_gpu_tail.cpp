@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 
 #include "contract.hpp"
 #include "gpu_fixture.hpp"
@@ -117,101 +119,107 @@ std::vector<double> unfused_row(std::vector<float> x, const TailCase& c, const t
   return std::vector<double>(x.begin(), x.end());
 }
 
-class GpuTail : public Gpu, public ::testing::WithParamInterface<TailCase> {};
-
-TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
-  const TailCase& c = GetParam();
-  const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(c.ratio * 131 + c.head_dim);
-  const bool sbhd = c.layout == Layout::kSbhd;
-  Config config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail};
-  // THD: a ragged pack with an empty and a short segment, spare token capacity and padding
-  // rows; SBHD: three columns of 37 blocks and a tail.
-  const std::vector<std::int32_t> lens =
-      sbhd ? std::vector<std::int32_t>(3, 37 * c.ratio + c.ratio - 1)
-           : std::vector<std::int32_t>{1023, 0, 2 * c.ratio - 1, 509, c.ratio - 1, 130};
-  Config plain = config;
-  plain.layout = Layout::kThd;
-  plain.dtype = DType::kBf16;
-  plain.tail = TailShape{};
-  const Problem p = make_problem(plain, lens, sbhd ? 0 : kExtraTokens, sbhd ? 0 : kExtraRows, seed);
-  SCOPED_TRACE(p.describe() + " " + name_of(c));
-  tools::HostInputs host = host_inputs(p);
-  host.config = config;
-  const tools::TailInputs t = tools::make_tail_inputs(config, host, seed);
-  tools::DeviceInputs dev(host);
-  device::Buffer weight(std::max<std::size_t>(t.weight.size(), 16));
-  device::Buffer cos_d(std::max<std::size_t>(t.cos.size() * 4, 16));
-  device::Buffer sin_d(std::max<std::size_t>(t.sin.size() * 4, 16));
-  weight.upload(t.weight.data(), t.weight.size());
-  cos_d.upload(t.cos.data(), t.cos.size() * 4);
-  sin_d.upload(t.sin.data(), t.sin.size() * 4);
-  device::Buffer rstd_d(static_cast<std::size_t>(std::max<std::int64_t>(p.total_comp, 4)) * 4);
-
-  ForwardArgs a = dev.forward();
-  if (c.tail.norm) {
-    a.tail.norm_weight = weight.get();
-    a.tail.eps = 1e-6f;
-    a.rstd = rstd_d.as<float>();
-  }
-  if (c.tail.rope()) {
-    a.tail.rope_cos = cos_d.as<float>();
-    a.tail.rope_sin = sin_d.as<float>();
-    a.tail.rope_max_blocks = t.max_blocks;
-  }
-  const std::size_t out_bytes = dev.out.size();
-  auto run = [&] {
-    dev.out.fill(0xff);
-    rstd_d.fill(0xff);
-    g_runtime->forward(a, nullptr);
-    device::synchronize(nullptr);
-    return tools::DeviceInputs::download(dev.out);
-  };
-  const std::vector<std::uint8_t> got = run();
-  std::vector<float> rstd(static_cast<std::size_t>(p.total_comp));
-  if (c.tail.norm) rstd_d.download(rstd.data(), rstd.size() * 4);
-  EXPECT_EQ(run(), got) << "not bitwise run to run";
-
-  // The CPU references over the same bytes, in the call's type and layout.
-  const tools::LaidInputs laid = tools::lay_out(host, c.dtype, c.layout);
+// One case's problem: a ragged THD pack with an empty and a short segment, spare token
+// capacity and padding rows, or SBHD columns of 37 blocks and a tail; its tail tensors on the
+// device and on the host, and the CPU references over the same bytes.
+struct TailProblem {
+  TailCase c;
+  bool sbhd;
+  Config config;
+  Problem p;  // bf16 values, THD (segment-major)
+  tools::HostInputs host;
+  tools::TailInputs t;
+  tools::DeviceInputs dev;
+  device::Buffer weight, cos_d, sin_d, rstd_d, grad_w_d;
+  tools::LaidInputs laid;
   reference::HostProblem h;
-  h.kv = laid.kv.data();
-  h.score = laid.score.data();
-  h.ape = p.ape.data();
-  h.cu_seqlens = sbhd ? nullptr : p.cu.data();
-  h.cu_seqlens_comp = sbhd ? nullptr : p.cuc.data();
-  h.total_tokens = p.total_tokens;
-  h.num_segments = p.segments();
-  h.total_comp = p.total_comp;
-  h.config = config;
-  h.seq_len = laid.seq_len;
   Tail ht;
-  if (c.tail.norm) {
-    ht.norm_weight = t.weight.data();
-    ht.eps = 1e-6f;
+
+  static Problem make(const TailCase& c, std::uint64_t seed) {
+    const bool sb = c.layout == Layout::kSbhd;
+    const std::vector<std::int32_t> lens =
+        sb ? std::vector<std::int32_t>(3, 37 * c.ratio + c.ratio - 1)
+           : std::vector<std::int32_t>{1023, 0, 2 * c.ratio - 1, 509, c.ratio - 1, 130};
+    return make_problem({c.ratio, c.head_dim, c.coff}, lens, sb ? 0 : kExtraTokens,
+                        sb ? 0 : kExtraRows, seed);
   }
-  if (c.tail.rope()) {
-    ht.rope_cos = t.cos.data();
-    ht.rope_sin = t.sin.data();
-    ht.rope_max_blocks = t.max_blocks;
-  }
-  std::vector<std::uint8_t> ref(out_bytes);
-  std::vector<float> ref_rstd(static_cast<std::size_t>(p.total_comp));
-  reference::tail_forward_fp32(h, ht, ref.data(), c.tail.norm ? ref_rstd.data() : nullptr);
-  std::vector<double> y64(static_cast<std::size_t>(p.comp_elems()));
-  reference::tail_forward_fp64(h, ht, y64.data());
-  const std::string broken = contract_failure(got, ref, c.dtype, false, "y");
-  EXPECT_TRUE(broken.empty()) << broken;
-  if (c.tail.norm) {
-    for (std::size_t r = 0; r < rstd.size(); ++r)
-      ASSERT_LE(rel_err(rstd[r], ref_rstd[r]), 1e-5) << "rstd row " << r;
+  static tools::HostInputs with_config(const Problem& p, const Config& config) {
+    tools::HostInputs h = host_inputs(p);
+    h.config = config;
+    return h;
   }
 
-  // fp64 parity and the unfused chain: pooled rows rounded to the type, then each stage.
-  reference::HostProblem hp = h;
-  hp.config.tail = TailShape{};
-  std::vector<std::uint8_t> pooled(out_bytes);
-  reference::forward_fp32(hp, pooled.data());
-  auto round = [&](float v) {
+  TailProblem(const TailCase& cs, std::uint64_t seed)
+      : c(cs),
+        sbhd(cs.layout == Layout::kSbhd),
+        config{cs.ratio, cs.head_dim, cs.coff, cs.dtype, cs.layout, false, cs.tail},
+        p(make(cs, seed)),
+        host(with_config(p, config)),
+        t(tools::make_tail_inputs(config, host, seed)),
+        dev(host),
+        weight(std::max<std::size_t>(t.weight.size(), 16)),
+        cos_d(std::max<std::size_t>(t.cos.size() * 4, 16)),
+        sin_d(std::max<std::size_t>(t.sin.size() * 4, 16)),
+        rstd_d(static_cast<std::size_t>(std::max<std::int64_t>(p.total_comp, 4)) * 4),
+        grad_w_d(static_cast<std::size_t>(cs.head_dim) * 4),
+        laid(tools::lay_out(host, cs.dtype, cs.layout)) {
+    weight.upload(t.weight.data(), t.weight.size());
+    cos_d.upload(t.cos.data(), t.cos.size() * 4);
+    sin_d.upload(t.sin.data(), t.sin.size() * 4);
+    h.kv = laid.kv.data();
+    h.score = laid.score.data();
+    h.ape = p.ape.data();
+    h.cu_seqlens = sbhd ? nullptr : p.cu.data();
+    h.cu_seqlens_comp = sbhd ? nullptr : p.cuc.data();
+    h.total_tokens = p.total_tokens;
+    h.num_segments = p.segments();
+    h.total_comp = p.total_comp;
+    h.config = config;
+    h.seq_len = laid.seq_len;
+    if (c.tail.norm) {
+      ht.norm_weight = t.weight.data();
+      ht.eps = 1e-6f;
+    }
+    if (c.tail.rope()) {
+      ht.rope_cos = t.cos.data();
+      ht.rope_sin = t.sin.data();
+      ht.rope_max_blocks = t.max_blocks;
+    }
+  }
+
+  Tail device_tail() const {
+    Tail d;
+    if (c.tail.norm) {
+      d.norm_weight = weight.get();
+      d.eps = 1e-6f;
+    }
+    if (c.tail.rope()) {
+      d.rope_cos = cos_d.as<float>();
+      d.rope_sin = sin_d.as<float>();
+      d.rope_max_blocks = t.max_blocks;
+    }
+    return d;
+  }
+  ForwardArgs forward_args() const {
+    ForwardArgs a = dev.forward();
+    a.tail = device_tail();
+    if (c.tail.norm) a.rstd = rstd_d.as<float>();
+    return a;
+  }
+  BackwardArgs backward_args(std::uint32_t flags) const {
+    BackwardArgs a = dev.backward(flags);
+    a.tail = device_tail();
+    if (c.tail.norm) a.grad_norm_weight = grad_w_d.as<float>();
+    return a;
+  }
+  // The row's block in its segment (padding rows: 0).
+  std::int64_t block_of(std::int64_t row) const {
+    if (sbhd) return row / p.segments();
+    std::size_t s = 0;
+    while (s + 1 < p.cuc.size() && p.cuc[s + 1] <= row) ++s;
+    return s + 1 < p.cuc.size() ? row - p.cuc[s] : 0;
+  }
+  float round(float v) const {
     switch (c.dtype) {
       case DType::kBf16:
         return reference::bf16_to_float(reference::float_to_bf16(v));
@@ -220,41 +228,245 @@ TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
       default:
         return v;
     }
-  };
+  }
+  // The pooled rows as a trainer's unfused chain keeps them (rounded to the type).
+  std::vector<std::uint8_t> pooled() const {
+    reference::HostProblem hp = h;
+    hp.config.tail = TailShape{};
+    std::vector<std::uint8_t> out(dev.out.size());
+    reference::forward_fp32(hp, out.data());
+    return out;
+  }
+};
+
+// One row of the unfused chain's backward from grad_y (each stage's gradient rounded to the
+// type): the Hadamard, the rotation's transpose, the norm's backward from the rounded pooled
+// row x (its saved activation).
+std::vector<float> unfused_row_backward(std::vector<float> g, const std::vector<float>& x,
+                                        const TailProblem& tp, std::int64_t block) {
+  const TailCase& c = tp.c;
   const int d = c.head_dim;
-  double fused_sq = 0, unfused_sq = 0, fused_max = 0, ref_max = 0;
+  const tools::TailInputs& t = tp.t;
+  auto round = [&](float v) { return tp.round(v); };
+  if (c.tail.hadamard) {
+    for (int h = 1; h < d; h *= 2)
+      for (int i = 0; i < d; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          const float a = g[j], b = g[j + h];
+          g[j] = a + b;
+          g[j + h] = a - b;
+        }
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    for (auto& v : g) v = round(v * scale);
+  }
+  if (c.tail.rope()) {
+    const int half = c.tail.rope_dim / 2;
+    const int first = d - c.tail.rope_dim;
+    const std::int64_t b = std::min<std::int64_t>(block, t.max_blocks - 1);
+    std::vector<float> r = g;
+    for (int i = 0; i < half; ++i) {
+      const int ia = c.tail.rope_interleaved ? first + 2 * i : first + i;
+      const int ib = c.tail.rope_interleaved ? ia + 1 : ia + half;
+      const float co = t.cos[static_cast<std::size_t>(b * half + i)];
+      const float si = t.sin[static_cast<std::size_t>(b * half + i)];
+      r[ia] = round(g[ia] * co + g[ib] * si);
+      r[ib] = round(g[ib] * co - g[ia] * si);
+    }
+    g = r;
+  }
+  if (c.tail.norm) {
+    float ss = 0.0f, dot = 0.0f;
+    for (int j = 0; j < d; ++j) {
+      ss += x[j] * x[j];
+      dot += t.weight_f32[j] * g[j] * x[j];
+    }
+    const float rstd = 1.0f / std::sqrt(ss / static_cast<float>(d) + 1e-6f);
+    const float coef = rstd * rstd * rstd * dot / static_cast<float>(d);
+    for (int j = 0; j < d; ++j) g[j] = round(rstd * t.weight_f32[j] * g[j] - coef * x[j]);
+  }
+  return g;
+}
+
+struct ErrorSums {
+  double sq = 0, max = 0;
+  void add(double got, double want) {
+    sq += (got - want) * (got - want);
+    max = std::max(max, rel_err(got, want));
+  }
+};
+
+class GpuTail : public Gpu, public ::testing::WithParamInterface<TailCase> {};
+
+TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  const TailCase& c = GetParam();
+  const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(c.ratio * 131 + c.head_dim);
+  TailProblem tp(c, seed);
+  const Problem& p = tp.p;
+  SCOPED_TRACE(p.describe() + " " + name_of(c));
+  const ForwardArgs a = tp.forward_args();
+  const std::size_t out_bytes = tp.dev.out.size();
+  auto run = [&] {
+    tp.dev.out.fill(0xff);
+    tp.rstd_d.fill(0xff);
+    g_runtime->forward(a, nullptr);
+    device::synchronize(nullptr);
+    return tools::DeviceInputs::download(tp.dev.out);
+  };
+  const std::vector<std::uint8_t> got = run();
+  std::vector<float> rstd(static_cast<std::size_t>(p.total_comp));
+  if (c.tail.norm) tp.rstd_d.download(rstd.data(), rstd.size() * 4);
+  EXPECT_EQ(run(), got) << "not bitwise run to run";
+
+  std::vector<std::uint8_t> ref(out_bytes);
+  std::vector<float> ref_rstd(static_cast<std::size_t>(p.total_comp));
+  reference::tail_forward_fp32(tp.h, tp.ht, ref.data(), c.tail.norm ? ref_rstd.data() : nullptr);
+  std::vector<double> y64(static_cast<std::size_t>(p.comp_elems()));
+  reference::tail_forward_fp64(tp.h, tp.ht, y64.data());
+  const std::string broken = contract_failure(got, ref, c.dtype, false, "y");
+  EXPECT_TRUE(broken.empty()) << broken;
+  if (c.tail.norm) {
+    for (std::size_t r = 0; r < rstd.size(); ++r)
+      ASSERT_LE(rel_err(rstd[r], ref_rstd[r]), 1e-5) << "rstd row " << r;
+  }
+
+  // fp64 parity and the unfused chain: pooled rows rounded to the type, then each stage.
+  const std::vector<std::uint8_t> pooled = tp.pooled();
+  const int d = c.head_dim;
+  ErrorSums fused, unfused, ref32;
   for (std::int64_t row = 0; row < p.total_comp; ++row) {
     std::vector<float> x(static_cast<std::size_t>(d));
     for (int j = 0; j < d; ++j)
       x[j] =
           static_cast<float>(element_value(pooled, c.dtype, static_cast<std::size_t>(row * d + j)));
-    std::int64_t block = 0;
-    if (sbhd) {
-      block = row / p.segments();
-    } else {
-      std::size_t s = 0;
-      while (s + 1 < p.cuc.size() && p.cuc[s + 1] <= row) ++s;
-      block = s + 1 < p.cuc.size() ? row - p.cuc[s] : 0;
-    }
-    const auto chain = unfused_row(x, c, t, block, round);
+    const auto chain =
+        unfused_row(x, c, tp.t, tp.block_of(row), [&](float v) { return tp.round(v); });
     for (int j = 0; j < d; ++j) {
       const auto i = static_cast<std::size_t>(row * d + j);
-      const double want = y64[i];
-      const double f = element_value(got, c.dtype, i);
-      fused_sq += (f - want) * (f - want);
-      unfused_sq +=
-          (chain[static_cast<std::size_t>(j)] - want) * (chain[static_cast<std::size_t>(j)] - want);
-      fused_max = std::max(fused_max, rel_err(f, want));
-      ref_max = std::max(ref_max, rel_err(element_value(ref, c.dtype, i), want));
+      fused.add(element_value(got, c.dtype, i), y64[i]);
+      unfused.add(chain[static_cast<std::size_t>(j)], y64[i]);
+      ref32.add(element_value(ref, c.dtype, i), y64[i]);
     }
   }
-  EXPECT_LE(fused_max, 1.5 * ref_max + 1e-6)
+  EXPECT_LE(fused.max, 1.5 * ref32.max + 1e-6)
       << "the fused tail is further from fp64 than the fp32 chain reference";
   if (c.dtype != DType::kF32) {
-    EXPECT_LE(fused_sq, unfused_sq)
-        << "the fused tail is further from fp64 (squared error " << fused_sq
-        << ") than the unfused chain (" << unfused_sq << ")";
+    EXPECT_LE(fused.sq, unfused.sq)
+        << "the fused tail is further from fp64 (squared error " << fused.sq
+        << ") than the unfused chain (" << unfused.sq << ")";
   }
+}
+
+TEST_P(GpuTail, BackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  const TailCase& c = GetParam();
+  const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(c.ratio * 137 + c.head_dim);
+  TailProblem tp(c, seed);
+  const Problem& p = tp.p;
+  SCOPED_TRACE(p.describe() + " " + name_of(c));
+  const std::size_t tok_bytes = tp.dev.grad_kv.size();
+  const std::size_t ape_n = p.ape.size();
+  const auto d = static_cast<std::size_t>(c.head_dim);
+  struct Grads {
+    std::vector<std::uint8_t> kv, score;
+    std::vector<float> ape, w;
+  };
+  // Poisoned outputs; grad_ape and grad_w preset (NaN: overwritten, or values to accumulate).
+  auto run = [&](std::uint32_t flags, float preset) {
+    tp.dev.grad_kv.fill(0xff);
+    tp.dev.grad_score.fill(0xff);
+    const std::vector<float> ape0(ape_n, preset), w0(d, preset);
+    tp.dev.grad_ape.upload(ape0.data(), ape_n * 4);
+    tp.grad_w_d.upload(w0.data(), d * 4);
+    g_runtime->backward(tp.backward_args(flags), nullptr);
+    device::synchronize(nullptr);
+    Grads g{tools::DeviceInputs::download(tp.dev.grad_kv),
+            tools::DeviceInputs::download(tp.dev.grad_score), std::vector<float>(ape_n),
+            std::vector<float>(d)};
+    tp.dev.grad_ape.download(g.ape.data(), ape_n * 4);
+    if (c.tail.norm) tp.grad_w_d.download(g.w.data(), d * 4);
+    return g;
+  };
+  const Grads got = run(0, std::nanf(""));
+  const Grads again = run(kDeterministic, std::nanf(""));
+  EXPECT_EQ(again.kv, got.kv) << "grad_kv not bitwise run to run";
+  EXPECT_EQ(again.score, got.score) << "grad_score not bitwise run to run";
+  EXPECT_EQ(again.ape, got.ape) << "grad_ape not bitwise run to run";
+  EXPECT_EQ(again.w, got.w) << "grad_w not bitwise run to run";
+  const Grads acc = run(kAccumulateGradApe, 0.5f);
+  for (std::size_t i = 0; i < ape_n; ++i) ASSERT_EQ(acc.ape[i], 0.5f + got.ape[i]) << "ape " << i;
+  for (std::size_t j = 0; j < (c.tail.norm ? d : 0); ++j)
+    ASSERT_EQ(acc.w[j], 0.5f + got.w[j]) << "grad_w accumulates: " << j;
+
+  // The fp32 chain reference and the fp64 oracle over the same grad_y bytes.
+  const std::vector<std::uint8_t>& gy = tp.laid.grad_out;
+  Grads ref{std::vector<std::uint8_t>(tok_bytes), std::vector<std::uint8_t>(tok_bytes),
+            std::vector<float>(ape_n), std::vector<float>(d)};
+  reference::tail_backward_fp32(tp.h, tp.ht, gy.data(), ref.kv.data(), ref.score.data(),
+                                ref.ape.data(), c.tail.norm ? ref.w.data() : nullptr);
+  const auto tok_n = static_cast<std::size_t>(p.token_elems());
+  std::vector<double> kv64(tok_n), score64(tok_n), ape64(ape_n), w64(d);
+  reference::tail_backward_fp64(tp.h, tp.ht, gy.data(), kv64.data(), score64.data(), ape64.data(),
+                                c.tail.norm ? w64.data() : nullptr);
+  for (const auto& [name, a, b] : {std::tuple{"grad_kv", &got.kv, &ref.kv},
+                                   std::tuple{"grad_score", &got.score, &ref.score}}) {
+    const std::string broken = contract_failure(*a, *b, c.dtype, false, name);
+    EXPECT_TRUE(broken.empty()) << broken;
+  }
+  auto parity = [&](const char* name, auto&& got_at, auto&& ref_at, const std::vector<double>& want,
+                    std::size_t n) {
+    ErrorSums fused, ref32;
+    for (std::size_t i = 0; i < n; ++i) {
+      fused.add(got_at(i), want[i]);
+      ref32.add(ref_at(i), want[i]);
+    }
+    EXPECT_LE(fused.max, 1.5 * ref32.max + 1e-5)
+        << name << ": further from fp64 (" << fused.max << ") than the fp32 reference ("
+        << ref32.max << ")";
+    return fused;
+  };
+  const ErrorSums fused_kv = parity(
+      "grad_kv", [&](std::size_t i) { return element_value(got.kv, c.dtype, i); },
+      [&](std::size_t i) { return element_value(ref.kv, c.dtype, i); }, kv64, tok_n);
+  parity(
+      "grad_score", [&](std::size_t i) { return element_value(got.score, c.dtype, i); },
+      [&](std::size_t i) { return element_value(ref.score, c.dtype, i); }, score64, tok_n);
+  parity(
+      "grad_ape", [&](std::size_t i) { return static_cast<double>(got.ape[i]); },
+      [&](std::size_t i) { return static_cast<double>(ref.ape[i]); }, ape64, ape_n);
+  if (c.tail.norm) {
+    parity(
+        "grad_w", [&](std::size_t i) { return static_cast<double>(got.w[i]); },
+        [&](std::size_t i) { return static_cast<double>(ref.w[i]); }, w64, d);
+  }
+
+  // The unfused chain: each stage's gradient rounded, then the pooling's backward from it.
+  if (c.dtype == DType::kF32) return;
+  const std::vector<std::uint8_t> pooled = tp.pooled();
+  const std::size_t bytes = static_cast<std::size_t>(tools::element_size(c.dtype));
+  std::vector<std::uint8_t> gx(gy.size());
+  for (std::int64_t row = 0; row < p.total_comp; ++row) {
+    std::vector<float> g(d), x(d);
+    for (std::size_t j = 0; j < d; ++j) {
+      const auto i = static_cast<std::size_t>(row) * d + j;
+      g[j] = static_cast<float>(element_value(gy, c.dtype, i));
+      x[j] = static_cast<float>(element_value(pooled, c.dtype, i));
+    }
+    const auto r = unfused_row_backward(g, x, tp, tp.block_of(row));
+    for (std::size_t j = 0; j < d; ++j) {
+      const auto bits =
+          c.dtype == DType::kBf16 ? reference::float_to_bf16(r[j]) : reference::float_to_fp16(r[j]);
+      std::memcpy(gx.data() + (static_cast<std::size_t>(row) * d + j) * bytes, &bits, bytes);
+    }
+  }
+  reference::HostProblem hp = tp.h;
+  hp.config.tail = TailShape{};
+  std::vector<std::uint8_t> un_kv(tok_bytes), un_score(tok_bytes);
+  std::vector<float> un_ape(ape_n);
+  reference::backward_fp32(hp, gx.data(), un_kv.data(), un_score.data(), un_ape.data());
+  ErrorSums unfused_kv;
+  for (std::size_t i = 0; i < tok_n; ++i) unfused_kv.add(element_value(un_kv, c.dtype, i), kv64[i]);
+  EXPECT_LE(fused_kv.sq, unfused_kv.sq)
+      << "grad_kv: the fused tail is further from fp64 (" << fused_kv.sq
+      << ") than the unfused chain (" << unfused_kv.sq << ")";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tails, GpuTail, ::testing::ValuesIn(all_cases()),
@@ -300,13 +512,19 @@ TEST_F(Gpu, TailRejectionsLeaveTheOutputUntouched) {
   ForwardArgs no_norm = a;
   no_norm.config.tail.norm = false;
   rejects(no_norm, "tail.norm_weight is set");
+  // The backward needs grad_norm_weight with the norm.
   BackwardArgs b = dev.backward();
+  b.tail = a.tail;
+  dev.grad_kv.fill(0xab);
+  const auto grad_before = tools::DeviceInputs::download(dev.grad_kv);
   try {
     g_runtime->backward(b, nullptr);
-    ADD_FAILURE() << "the tail's backward was accepted";
+    ADD_FAILURE() << "a backward without grad_norm_weight was accepted";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Status::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("grad_norm_weight"), std::string::npos) << e.what();
   }
+  device::synchronize(nullptr);
+  EXPECT_EQ(tools::DeviceInputs::download(dev.grad_kv), grad_before);
 }
 
 }  // namespace

@@ -204,7 +204,7 @@ TEST_F(Validation, TailStagesAndTensorsMustAgree) {
         a.config.tail.rope_dim = 8;
         rope(a);
       },
-      Status::kUnsupported, "power of two or a multiple of 32, not 24");
+      Status::kUnsupported, "power of two or a multiple of 32, at most 1024, not 24");
   expect_rejected(
       [&] {
         ForwardArgs a = forward_args();
@@ -212,8 +212,22 @@ TEST_F(Validation, TailStagesAndTensorsMustAgree) {
         runtime_.forward(a, nullptr, Family::kLongWindow);
       },
       Status::kUnsupported, "short-window family only");
-  backward_rejected([](auto& a) { a.config.tail.hadamard = true; }, Status::kUnsupported,
-                    "the fused tail's backward is not served yet");
+  backward_rejected(
+      [](auto& a) {
+        a.config.tail.norm = true;
+        a.tail.norm_weight = weight;
+      },
+      kBad, "grad_norm_weight is null but config.tail.norm is true");
+  backward_rejected([](auto& a) { a.grad_norm_weight = table; }, kBad,
+                    "grad_norm_weight is set but config.tail.norm is false");
+  backward_rejected(
+      [](auto& a) {
+        a.config.tail.norm = true;
+        a.tail.norm_weight = weight;
+        a.grad_norm_weight = table + 1;  // 4-byte aligned: fine; then a bad eps
+        a.tail.eps = 0.0f;
+      },
+      kBad, "tail.eps is 0");
 }
 
 TEST_F(Validation, RowStridesKeepWidthAlignmentAndInt32Offsets) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The fused tail's forward against the plain pooling forward of the same shape, one `csa bench`
-# run per (shape, variant) on this GPU. A shape is R,C,D,PACK:TAIL with TAIL the tail options
-# joined by '+' ("norm+rope64+hadamard"). Prints kernel times and the ratio to the plain kernel.
+# The fused tail's forward and backward against the plain pooling kernels of the same shape,
+# one `csa bench` run per (shape, variant) on this GPU. A shape is R,C,D,PACK:TAIL with TAIL the
+# tail options joined by '+' ("norm+rope64+hadamard"). Prints kernel times and the ratio to the
+# plain kernels (the default backward: the tail's takes the fixed order, the plain one may
+# take atomics).
 # usage: tools/bench_tail.sh OUTDIR [BUILD_DIR] [SHAPE:TAIL ...]
 set -euo pipefail
 out=${1:?usage: tools/bench_tail.sh OUTDIR [BUILD_DIR] [SHAPE:TAIL ...]}
@@ -28,9 +30,9 @@ for item in "${cases[@]}"; do
     esac
   done
   tag=${shape//[,x]/_}
-  "$build/csa" bench --no-jit --direction fwd -s "$shape" --save "$out/$tag-plain.json" \
-    >"$out/$tag-plain.txt" 2>&1
-  "$build/csa" bench --no-jit --direction fwd -s "$shape" "${flags[@]}" \
+  "$build/csa" bench --no-jit --direction fwd --direction bwd -s "$shape" \
+    --save "$out/$tag-plain.json" >"$out/$tag-plain.txt" 2>&1
+  "$build/csa" bench --no-jit --direction fwd --direction bwd -s "$shape" "${flags[@]}" \
     --save "$out/$tag-tail.json" >"$out/$tag-tail.txt" 2>&1
 done
 python3 - "$out" <<'PY'
@@ -40,13 +42,13 @@ runs = {}
 for f in sorted(out.glob("*-plain.json")) + sorted(out.glob("*-tail.json")):
     tag, name = f.stem.rsplit("-", 1)
     for row in json.loads(f.read_text())["rows"]:
-        runs[(tag, name)] = row
-print(f"{'shape':<22} {'tail':<36} {'plain us':>9} {'fused us':>9} {'x plain':>8} {'x floor':>8}")
-for tag in sorted({t for t, _ in runs}):
-    plain, tail = runs.get((tag, "plain")), runs.get((tag, "tail"))
+        runs[(tag, row["direction"], name)] = row
+print(f"{'shape':<22} {'dir':<4} {'tail':<24} {'plain us':>9} {'fused us':>9} {'x plain':>8} {'x floor':>8}")
+for tag, direction in sorted({(t, d) for t, d, _ in runs}):
+    plain, tail = runs.get((tag, direction, "plain")), runs.get((tag, direction, "tail"))
     if not plain or not tail:
         continue
     label = tail["shape"].split(" tail=")[-1].split(",pack")[0]
-    print(f"{tag:<22} {label:<36} {plain['kernel_us']:>9.2f} {tail['kernel_us']:>9.2f} "
+    print(f"{tag:<22} {direction:<4} {label:<24} {plain['kernel_us']:>9.2f} {tail['kernel_us']:>9.2f} "
           f"{tail['kernel_us'] / plain['kernel_us']:>8.3f} {tail['ratio_to_floor']:>8.2f}")
 PY

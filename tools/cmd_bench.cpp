@@ -160,6 +160,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   device::Buffer norm_weight(std::max<std::size_t>(tail.weight.size(), 1));
   device::Buffer rope_cos(std::max<std::size_t>(tail.cos.size() * 4, 4));
   device::Buffer rope_sin(std::max<std::size_t>(tail.sin.size() * 4, 4));
+  device::Buffer grad_w(static_cast<std::size_t>(c.head_dim) * 4);
   norm_weight.upload(tail.weight.data(), tail.weight.size());
   rope_cos.upload(tail.cos.data(), tail.cos.size() * 4);
   rope_sin.upload(tail.sin.data(), tail.sin.size() * 4);
@@ -207,6 +208,8 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     a.flags = flags;
     a.seq_len = laid.seq_len;
     a.kv_stride = a.score_stride = a.grad_kv_stride = a.grad_score_stride = stride;
+    a.tail = fwd_args(s).tail;
+    if (c.tail.norm) a.grad_norm_weight = grad_w.as<float>();
     return a;
   };
   const std::string label =
@@ -246,7 +249,6 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   measure("fwd", fwd_bytes, 1.4, 2.0, [&](int s) { rt.forward(fwd_args(s), stream); });
   // Targets: 1.4 x floor + 2 us forward; backward 1.5 x floor + 3 us (short-window family) or
   // 1.6 x floor + 3 us (long-window).
-  if (c.tail.any()) return rows;  // the fused tail's backward is not served yet
   const double bwd_slope = c.ratio > 16 ? 1.6 : 1.5;
   measure("bwd", bwd_bytes, bwd_slope, 3.0, [&](int s) { rt.backward(bwd_args(s, 0), stream); });
   measure("bwd-det", bwd_bytes, bwd_slope, 3.0,

@@ -92,7 +92,7 @@ typedef struct csa_compressor_args {
   void* grad_score;
   float* grad_ape;
   /* ---- version 2: the fused tail after the pooling, y = H(rope(rmsnorm(x) * w)) in fp32 with
-   * one rounding of y (the forward; a backward with a tail is rejected as not served yet). */
+   * one rounding of y; the backward takes grad_y in grad_out and writes grad_norm_weight. */
   uint32_t tail_flags;     /* CSA_TAIL_NORM | CSA_TAIL_NORM_WEIGHT_BF16 | CSA_TAIL_ROPE_HALF_SPLIT |
                               CSA_TAIL_HADAMARD; 0 with rope_dim 0: no tail */
   int32_t rope_dim;        /* RoPE on the last rope_dim columns (even, <= head_dim); 0: none */
@@ -103,7 +103,8 @@ typedef struct csa_compressor_args {
   const float* rope_cos;   /* (rope_max_blocks, rope_dim / 2), row = the row's block */
   const float* rope_sin;
   float* rstd;             /* forward, optional with CSA_TAIL_NORM: (total_comp,) fp32 */
-  float* grad_norm_weight; /* backward with CSA_TAIL_NORM (not served yet: must be NULL) */
+  float* grad_norm_weight; /* backward with CSA_TAIL_NORM: (head_dim,) fp32, overwritten
+                              unless CSA_ACCUMULATE_GRAD_APE, like grad_ape */
 } csa_compressor_args;
 
 /* tail_flags */

@@ -198,6 +198,11 @@ struct BackwardArgs {
   std::int64_t grad_out_stride = 0;
   std::int64_t grad_kv_stride = 0;  // the elements between strided rows are left untouched
   std::int64_t grad_score_stride = 0;
+  // config.tail's tensors (grad_out then holds grad_y); with the norm, grad_norm_weight (the
+  // weight's gradient, (head_dim,) fp32, summed over the valid rows) is overwritten unless
+  // accumulating, like grad_ape.
+  Tail tail;
+  float* grad_norm_weight = nullptr;
 };
 
 struct CSA_API RuntimeOptions {

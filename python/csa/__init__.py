@@ -3,7 +3,10 @@
 ``csa.compress`` pools every ``ratio`` tokens of a packed (THD) sequence into one compressed
 KV row with a gated softmax, forward and backward, as one kernel each way. It works under
 autograd, ``torch.compile``, CUDA graphs and ``torch.use_deterministic_algorithms``; the ops
-behind it are ``torch.ops.csa.compress_forward`` and ``torch.ops.csa.compress_backward``.
+behind it are ``torch.ops.csa.compress_forward`` and ``torch.ops.csa.compress_backward``. With
+``norm_weight=``, ``rope_cos=`` / ``rope_sin=`` or ``hadamard=True`` it fuses the tail that
+follows the pooling (RMSNorm, RoPE, the Hadamard transform) into the same kernels
+(``torch.ops.csa.compress_tail_forward`` / ``compress_tail_backward``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
-from . import _checks, _lib, _ops
+from . import _checks, _lib, _ops, _tail
 from ._lib import Error, LibraryError
 
 __version__ = "0.1.0"
@@ -24,7 +27,10 @@ __all__ = ["compress", "compress_backward", "prewarm", "version", "info", "Error
 
 def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor] = None,
              cu_seqlens_comp: Optional[Tensor] = None, *, ratio: int, coff: int,
-             total_comp: Optional[int] = None) -> Tensor:
+             total_comp: Optional[int] = None, norm_weight: Optional[Tensor] = None,
+             eps: float = 1e-6, rope_cos: Optional[Tensor] = None,
+             rope_sin: Optional[Tensor] = None, rope_dim: Optional[int] = None,
+             rope_interleaved: bool = True, hadamard: bool = False) -> Tensor:
     """Gated-softmax pooling of every ``ratio`` tokens into one compressed row.
 
     Args:
@@ -50,6 +56,18 @@ def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor
         Differentiable in kv, score and ape; under
         ``torch.use_deterministic_algorithms(True)`` ape's gradient is summed in a fixed
         order (bitwise run to run).
+
+    The fused tail (each stage optional; ratio <= 16, head_dim a power of two or a multiple
+    of 32, at most 1024), ``y = H(rope(rmsnorm(x) * w))`` in fp32 with one rounding:
+        norm_weight: ``(head_dim,)`` bf16 or fp32 RMSNorm weight (differentiable), with
+            ``eps``.
+        rope_cos, rope_sin: ``(max_blocks, rope_dim // 2)`` fp32 tables; row ``b`` rotates a
+            row of block ``b`` of its segment (position ``b * ratio``; padding rows: block 0;
+            rows past the table take its last row). RoPE turns the last ``rope_dim`` columns
+            (default ``2 * rope_cos.shape[1]``) in pairs ``(2i, 2i+1)``, or ``(i, i +
+            rope_dim/2)`` with ``rope_interleaved=False``.
+        hadamard: the Hadamard transform of size head_dim, scaled by ``head_dim ** -0.5``.
+        With a tail, ape's and the weight's gradients are always summed in a fixed order.
     """
     if total_comp is None and cu_seqlens_comp is not None:
         total_comp = _static_rows(cu_seqlens_comp)
@@ -59,6 +77,14 @@ def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor
     if shape.sbhd:
         total_comp = _checks.sbhd_rows(shape, ratio, total_comp)
     _checks.total_comp(total_comp)
+    if norm_weight is not None or rope_cos is not None or rope_sin is not None or hadamard or (
+            rope_dim is not None):
+        spec = _tail.tail_spec(shape.head_dim, ratio, kv.device, norm_weight, eps, rope_cos,
+                               rope_sin, rope_dim, rope_interleaved, hadamard)
+        y, _ = torch.ops.csa.compress_tail_forward(
+            kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight, rope_cos, rope_sin, ratio,
+            coff, total_comp, spec.eps, spec.rope_dim, spec.rope_interleaved, spec.hadamard)
+        return y
     if torch.compiler.is_compiling() or type(kv) is not Tensor or not kv.is_cuda:
         return torch.ops.csa.compress_forward(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio,
                                               coff, total_comp)

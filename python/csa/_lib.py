@@ -110,11 +110,23 @@ class CompressorArgs(ctypes.Structure):
         ("grad_out_stride", _I64), ("grad_kv_stride", _I64), ("grad_score_stride", _I64),
         ("kv", _P), ("score", _P), ("ape", _P), ("cu_seqlens", _P), ("cu_seqlens_comp", _P),
         ("out", _P), ("grad_out", _P), ("grad_kv", _P), ("grad_score", _P), ("grad_ape", _P),
+        # version 2: the fused tail
+        ("tail_flags", _U32), ("rope_dim", _I32), ("eps", ctypes.c_float), ("reserved2", _I32),
+        ("rope_max_blocks", _I64), ("norm_weight", _P), ("rope_cos", _P), ("rope_sin", _P),
+        ("rstd", _P), ("grad_norm_weight", _P),
     ]
 
 
-ARGS_SIZE = ctypes.sizeof(CompressorArgs)
+# The first version's size (every field up to grad_ape): the calls without a tail pass it, so
+# they run unchanged against a library of either version.
+ARGS_SIZE = CompressorArgs.grad_ape.offset + ctypes.sizeof(ctypes.c_void_p)
 assert ARGS_SIZE == 192, "csa_compressor_args changed: CSA_COMPRESSOR_ARGS_SIZE_V1 is 192"
+ARGS_SIZE_V2 = ctypes.sizeof(CompressorArgs)
+assert ARGS_SIZE_V2 == 256, "csa_compressor_args changed: CSA_COMPRESSOR_ARGS_SIZE_V2 is 256"
+TAIL_NORM = 1
+TAIL_NORM_WEIGHT_BF16 = 2
+TAIL_ROPE_HALF_SPLIT = 4
+TAIL_HADAMARD = 8
 _ARGS_P = ctypes.POINTER(CompressorArgs)
 
 _SIGNATURES: dict[str, tuple[Any, Sequence[Any]]] = {

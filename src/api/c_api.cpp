@@ -145,6 +145,8 @@ int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream) {
     b.grad_score_stride = a.grad_score_stride;
     if (a.rstd != nullptr)
       csa::fail(csa::Status::kInvalidArgument, "args->rstd is set: it is a forward output");
+    b.tail = tail_of(a);
+    b.grad_norm_weight = a.grad_norm_weight;
     csa::backward(b, static_cast<csa::Stream>(stream));
   });
 }

@@ -102,10 +102,6 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     // The schedule the launch path uses, CSA_SHORT_WINDOW_SCHEDULE included.
     const schedule::ShortWindowSchedule s = impl_->service.schedule_for(config);
     choice.schedule = s.describe();
-    if (direction == Direction::kBackward && config.tail.any()) {
-      fail(Status::kUnsupported,
-           "config.tail: the fused tail's backward is not served yet (no backward schedule)");
-    }
     if (direction == Direction::kBackward) {
       // The kernel of this row count: the resident one of the call's kernels, if they have one.
       const int kernel_layout = compressor::kernel_layouts(config).back();

@@ -86,6 +86,13 @@ inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArg
   params.grad_out_stride = row_stride(a.grad_out_stride, a.config.head_dim);
   params.grad_kv_stride = row_stride(a.grad_kv_stride, width);
   params.grad_score_stride = row_stride(a.grad_score_stride, width);
+  params.norm_weight = a.tail.norm_weight;
+  params.eps = a.tail.eps;
+  params.rope_cos = a.tail.rope_cos;
+  params.rope_sin = a.tail.rope_sin;
+  params.rope_max_blocks = static_cast<std::int32_t>(
+      std::min<std::int64_t>(a.tail.rope_max_blocks, std::numeric_limits<std::int32_t>::max()));
+  params.grad_w = a.grad_norm_weight;
 }
 
 // The CTA of a grad_ape reduction kernel: `columns` x `lanes` threads, each thread summing
@@ -100,13 +107,17 @@ struct ApeReduceShape {
 // The fixed-order sum of `groups` grad_ape partials of `elements` floats each into
 // a.grad_ape (overwritten, or added into with CSA_ACCUMULATE_GRAD_APE). `sm_count`: the
 // device's, to tell a grid of one wave.
+// `grad_w_elements`: the tail's grad_w partials after grad_ape's in each group (0: none).
 inline void launch_ape_reduce(const driver::Driver& d, CUkernel kernel, const float* workspace,
                               const BackwardArgs& a, std::int64_t elements, int groups,
                               const ApeReduceShape& cta, int sm_count, bool programmatic,
-                              CUstream stream) {
+                              CUstream stream, std::int64_t grad_w_elements = 0) {
   csa_kernel::ApeReduceParams reduce{};
   reduce.workspace = workspace;
   reduce.grad_ape = a.grad_ape;
+  reduce.grad_w = a.grad_norm_weight;
+  reduce.ape_elements = static_cast<csa_i32>(elements);
+  elements += grad_w_elements;
   reduce.elements = static_cast<csa_i32>(elements);
   reduce.groups = groups;
   reduce.accumulate = (a.flags & kAccumulateGradApe) != 0 ? 1 : 0;

@@ -200,7 +200,9 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
           regs, shared);
     };
     const ShortWindowSlots& slots = prepared->slots.short_window;
-    if (slots.backward_atomic >= 0) prepared->backward_ctas_per_sm = ctas_of(slots.backward_atomic);
+    // The tail's modules hold the fixed-order backward only.
+    prepared->backward_ctas_per_sm =
+        ctas_of(slots.backward_atomic >= 0 ? slots.backward_atomic : slots.backward_fixed);
     if (slots.backward_atomic_resident >= 0)
       prepared->resident_backward_ctas_per_sm = ctas_of(slots.backward_atomic_resident);
   }

@@ -119,8 +119,10 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
     }
     fixed_order = true;
   }
+  // The tail's grad_w partials follow grad_ape's in each row group's block.
+  const std::int64_t grad_w_elems = c.tail.norm ? c.head_dim : 0;
   const std::size_t workspace_bytes =
-      static_cast<std::size_t>(grid.grid_y) * ape_elems * sizeof(float);
+      static_cast<std::size_t>(grid.grid_y) * (ape_elems + grad_w_elems) * sizeof(float);
   CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
@@ -128,7 +130,8 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   launch::launch(d, p.kernel(resident ? slots.backward_fixed_resident : slots.backward_fixed),
                  shape, params, stream, "backward launch");
   launch_ape_reduce(d, p.kernel(slots.ape_reduce), params.workspace, a, ape_elems, grid.grid_y,
-                    {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream);
+                    {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream,
+                    grad_w_elems);
 }
 
 }  // namespace csa::compressor

@@ -205,11 +205,11 @@ void check_family(const Config& c, Family family) {
            "short-window family), not ratio {}",
            schedule::kShortWindowMaxRatio, c.ratio);
     }
-    if (schedule::tail_vec(2, c.head_dim) == 0) {
+    if (c.head_dim > csa_kernel::kTailMaxHeadDim || schedule::tail_vec(2, c.head_dim) == 0) {
       fail(Status::kUnsupported,
            "config.tail (the fused RMSNorm/RoPE/Hadamard) needs head_dim a power of two or a "
-           "multiple of 32, not {}",
-           c.head_dim);
+           "multiple of 32, at most {}, not {}",
+           csa_kernel::kTailMaxHeadDim, c.head_dim);
     }
   }
 }
@@ -279,18 +279,13 @@ Shape validate_inputs(const Args& a) {
 
 }  // namespace
 
-void validate_forward(const ForwardArgs& a) {
-  const Shape s = validate_inputs(a);
-  const std::int64_t d = a.config.head_dim;
-  const std::int64_t out_stride =
-      checked_stride(a.out_stride, "out_stride", d, a.total_comp, a.config);
-  check_pointer(a.out, "out", strided_elements(a.total_comp, out_stride, d), kDataAlign);
-  (void)s;
+// The tail's tensors of a call: their rules, alignment and (SBHD) the tables' rows.
+template <typename Args>
+void check_tail_tensors(const Args& a) {
   validate_tail(a.config, a.tail);
   const TailShape& tail = a.config.tail;
-  if (tail.norm) {
-    check_pointer(a.tail.norm_weight, "tail.norm_weight", d, kDataAlign);
-  }
+  if (tail.norm)
+    check_pointer(a.tail.norm_weight, "tail.norm_weight", a.config.head_dim, kDataAlign);
   if (tail.rope()) {
     const std::int64_t entries = a.tail.rope_max_blocks * (tail.rope_dim / 2);
     check_pointer(a.tail.rope_cos, "tail.rope_cos", entries, 4);
@@ -302,6 +297,17 @@ void validate_forward(const ForwardArgs& a) {
            a.tail.rope_max_blocks, a.seq_len, a.seq_len / a.config.ratio, a.config.ratio);
     }
   }
+}
+
+void validate_forward(const ForwardArgs& a) {
+  const Shape s = validate_inputs(a);
+  const std::int64_t d = a.config.head_dim;
+  const std::int64_t out_stride =
+      checked_stride(a.out_stride, "out_stride", d, a.total_comp, a.config);
+  check_pointer(a.out, "out", strided_elements(a.total_comp, out_stride, d), kDataAlign);
+  (void)s;
+  check_tail_tensors(a);
+  const TailShape& tail = a.config.tail;
   if (a.rstd != nullptr) {
     if (!tail.norm)
       fail(Status::kInvalidArgument, "rstd is set but config.tail.norm is false (no norm)");
@@ -311,11 +317,6 @@ void validate_forward(const ForwardArgs& a) {
 
 void validate_backward(const BackwardArgs& a) {
   const Shape s = validate_inputs(a);
-  if (a.config.tail.any()) {
-    fail(Status::kUnsupported,
-         "config.tail: the fused tail's backward is not served yet (run the backward of the "
-         "plain configuration and the tail's backward outside csa)");
-  }
   if ((a.flags & ~(kAccumulateGradApe | kDeterministic)) != 0) {
     fail(Status::kInvalidArgument,
          "flags {:#x} has unknown bits (known: CSA_ACCUMULATE_GRAD_APE=1, CSA_DETERMINISTIC=2)",
@@ -332,6 +333,16 @@ void validate_backward(const BackwardArgs& a) {
   check_pointer(a.grad_kv, "grad_kv", strided_elements(t, gkv, s.width), kDataAlign);
   check_pointer(a.grad_score, "grad_score", strided_elements(t, gsc, s.width), kDataAlign);
   check_pointer(a.grad_ape, "grad_ape", s.ape_elems, kDataAlign);
+  check_tail_tensors(a);
+  if (a.config.tail.norm) {
+    if (a.grad_norm_weight == nullptr) {
+      fail(Status::kInvalidArgument,
+           "grad_norm_weight is null but config.tail.norm is true (the weight's gradient)");
+    }
+    check_pointer(a.grad_norm_weight, "grad_norm_weight", d, 4);
+  } else if (a.grad_norm_weight != nullptr) {
+    fail(Status::kInvalidArgument, "grad_norm_weight is set but config.tail.norm is false");
+  }
 }
 
 bool dense(std::int64_t stride, std::int64_t width) {

@@ -107,6 +107,23 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
   }
 }
 
+// The tail's backward: whole rows in a CTA (one column block of head_dim / vec threads, the
+// row lanes at most 8 so that each has a named barrier), the fixed order only (grad_w's
+// partials ride with grad_ape's), no resident kernel.
+// An override's bv and ty are kept (ty within 1..8); tx always follows the vector width.
+void apply_tail_backward(ShortWindowSchedule& s, const Config& c, bool named_ty) {
+  s.backward_vec = tail_vec(s.backward_vec, c.head_dim);
+  if (s.backward_vec == 0)
+    fail(Status::kUnsupported, "no tail kernel serves head_dim {}", c.head_dim);
+  s.backward_tx = c.head_dim / s.backward_vec;
+  s.backward_ty = std::clamp(named_ty ? s.backward_ty : 256 / s.backward_tx, 1,
+                             std::min(8, 1024 / s.backward_tx));
+  s.backward_min_ctas = 0;
+  s.backward_resident_ctas = 0;
+  s.fixed_order_default = true;
+  s.one_launch = false;
+}
+
 }  // namespace
 
 ShortWindowSchedule select_short_window(const Config& c,
@@ -144,6 +161,8 @@ ShortWindowSchedule select_short_window(const Config& c,
   if (!override_spec || override_spec->find("ty=") == std::string::npos) {
     s.backward_ty = backward_block_y(s.backward_tx);
   }
+  if (c.tail.any())
+    apply_tail_backward(s, c, override_spec && override_spec->find("ty=") != std::string::npos);
   // An SM holds at most 2048 threads (and 32 CTAs). The rule's residency targets follow an
   // overridden block shape; a target the override names must fit it.
   const int backward_threads = s.backward_tx * s.backward_ty;
