@@ -9,6 +9,27 @@
 namespace csa::test {
 namespace {
 
+// The tail's backward holds whole rows: one column block, at most 8 row lanes within the
+// static shared memory, the fixed order only.
+TEST(ShortWindowSchedule, TailBackwardHoldsWholeRowsInTheFixedOrder) {
+  Config c{4, 512, 2};
+  c.tail.norm = true;
+  auto s = schedule::select_short_window(c);
+  EXPECT_EQ(s.backward_tx * s.backward_vec, 512);
+  EXPECT_EQ(s.backward_ty, 1);
+  EXPECT_TRUE(s.fixed_order_default);
+  EXPECT_FALSE(s.one_launch);
+  EXPECT_EQ(s.backward_resident_ctas, 0);
+  c.head_dim = 128;
+  s = schedule::select_short_window(c);
+  EXPECT_EQ(s.backward_tx, 64);
+  EXPECT_EQ(s.backward_ty, 4);
+  c.head_dim = 512;
+  EXPECT_THROW(schedule::select_short_window(c, std::string("ty=2")), Error);
+  c.tail = TailShape{};
+  EXPECT_EQ(schedule::select_short_window(c, std::string("ty=2")).backward_ty, 2);
+}
+
 TEST(ShortWindowSchedule, VectorisesEvenHeadDimsOnly) {
   EXPECT_EQ(schedule::select_short_window({4, 65, 2}).forward_vec, 1);
   EXPECT_EQ(schedule::select_short_window({4, 65, 2}).backward_vec, 1);

@@ -118,6 +118,22 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, bool named_ty)
   s.backward_tx = c.head_dim / s.backward_vec;
   s.backward_ty = std::clamp(named_ty ? s.backward_ty : 256 / s.backward_tx, 1,
                              std::min(8, 1024 / s.backward_tx));
+  // Static shared memory per CTA (48 KB): with row lanes, the grad_ape and grad_w folds
+  // (lanes x (window slots + 1) rows of head_dim floats), and the rows' exchange and operand
+  // slots (4 floats a column a lane).
+  const auto shared_bytes = [&](int ty) {
+    const std::int64_t row = std::int64_t{4} * c.head_dim * ty;
+    return (ty > 1 ? row * (c.coff * c.ratio + 1) : 0) + 4 * row + 1024;
+  };
+  while (s.backward_ty > 1 && shared_bytes(s.backward_ty) > 48 * 1024) {
+    if (named_ty) {
+      fail(Status::kInvalidArgument,
+           "schedule override: ty={} row lanes of the tail's backward need {} bytes of shared "
+           "memory at ratio {}, coff {}, head_dim {} (at most 49152)",
+           s.backward_ty, shared_bytes(s.backward_ty), c.ratio, c.coff, c.head_dim);
+    }
+    s.backward_ty /= 2;
+  }
   s.backward_min_ctas = 0;
   s.backward_resident_ctas = 0;
   s.fixed_order_default = true;
