@@ -85,6 +85,27 @@ void compile_without_local_memory(const std::vector<std::pair<Config, std::strin
   std::printf("compiled %d modules, max %d registers per thread\n", modules, max_registers);
 }
 
+// Each shape in every element type, THD (packed and strided: bf16 packed compiled again in
+// one module) and SBHD, for sm_80, sm_90 and sm_100.
+std::vector<std::pair<Config, std::string>> every_type_and_layout(
+    const std::vector<Config>& shapes) {
+  std::vector<std::pair<Config, std::string>> jobs;
+  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
+    for (Config c : shapes) {
+      for (DType t : {DType::kBf16, DType::kF16, DType::kF32}) {
+        c.dtype = t;
+        c.layout = Layout::kThd;
+        c.strided = true;
+        jobs.emplace_back(c, arch);
+        c.layout = Layout::kSbhd;
+        c.strided = false;
+        jobs.emplace_back(c, arch);
+      }
+    }
+  }
+  return jobs;
+}
+
 TEST(NvrtcCompile, EveryShippedConfigurationWithoutLocalMemory) {
   std::vector<std::pair<Config, std::string>> jobs;
   for (const char* arch : {"sm_80", "sm_90", "sm_100"})
@@ -107,21 +128,7 @@ TEST(NvrtcCompile, EveryElementTypeAndLayoutWithoutLocalMemory) {
   shapes.push_back({8, 65, 1});
   shapes.push_back({256, 7, 2});
   shapes.push_back({17, 128, 1});
-  std::vector<std::pair<Config, std::string>> jobs;
-  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
-    for (Config c : shapes) {
-      for (DType t : {DType::kBf16, DType::kF16, DType::kF32}) {
-        c.dtype = t;
-        c.layout = Layout::kThd;
-        c.strided = true;  // packed and strided THD (bf16 packed compiled again: one module)
-        jobs.emplace_back(c, arch);
-        c.layout = Layout::kSbhd;
-        c.strided = false;
-        jobs.emplace_back(c, arch);
-      }
-    }
-  }
-  compile_without_local_memory(jobs);
+  compile_without_local_memory(every_type_and_layout(shapes));
 }
 
 // Every fused-tail forward: the production tails (4,2,512 norm + RoPE 64; 4,2,128 norm + RoPE
@@ -145,21 +152,7 @@ TEST(NvrtcCompile, EveryTailKernelWithoutLocalMemory) {
   half.tail.rope_interleaved = false;
   half.tail.norm_weight_dtype = DType::kBf16;
   shapes.push_back(half);
-  std::vector<std::pair<Config, std::string>> jobs;
-  for (const char* arch : {"sm_80", "sm_90", "sm_100"}) {
-    for (Config c : shapes) {
-      for (DType t : {DType::kBf16, DType::kF16, DType::kF32}) {
-        c.dtype = t;
-        c.layout = Layout::kThd;
-        c.strided = true;
-        jobs.emplace_back(c, arch);
-        c.layout = Layout::kSbhd;
-        c.strided = false;
-        jobs.emplace_back(c, arch);
-      }
-    }
-  }
-  compile_without_local_memory(jobs);
+  compile_without_local_memory(every_type_and_layout(shapes));
 }
 
 // Every schedule `csa tune` measures on an sm_90 device (as the loader fits it) compiles with no

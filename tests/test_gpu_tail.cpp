@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <tuple>
 
@@ -79,6 +80,20 @@ double rel_err(double got, double want) {
   return std::fabs(got - want) / std::max(1.0, std::fabs(want));
 }
 
+// The scaled Hadamard transform of one row in fp32, the result rounded to the type.
+void hadamard_rounded(std::vector<float>& x, const std::function<float(float)>& round) {
+  const auto d = x.size();
+  for (std::size_t h = 1; h < d; h *= 2)
+    for (std::size_t i = 0; i < d; i += 2 * h)
+      for (std::size_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  for (auto& v : x) v = round(v * scale);
+}
+
 // The chain a PyTorch trainer runs today on one row of pooled values (already rounded to the
 // type): RMSNorm in fp32 rounded to the type, RoPE rounded, the Hadamard rounded.
 std::vector<double> unfused_row(std::vector<float> x, const TailCase& c, const tools::TailInputs& t,
@@ -105,17 +120,7 @@ std::vector<double> unfused_row(std::vector<float> x, const TailCase& c, const t
     }
     x = y;
   }
-  if (c.tail.hadamard) {
-    for (int h = 1; h < d; h *= 2)
-      for (int i = 0; i < d; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          const float a = x[j], b = x[j + h];
-          x[j] = a + b;
-          x[j + h] = a - b;
-        }
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-    for (auto& v : x) v = round(v * scale);
-  }
+  if (c.tail.hadamard) hadamard_rounded(x, round);
   return std::vector<double>(x.begin(), x.end());
 }
 
@@ -248,17 +253,7 @@ std::vector<float> unfused_row_backward(std::vector<float> g, const std::vector<
   const int d = c.head_dim;
   const tools::TailInputs& t = tp.t;
   auto round = [&](float v) { return tp.round(v); };
-  if (c.tail.hadamard) {
-    for (int h = 1; h < d; h *= 2)
-      for (int i = 0; i < d; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          const float a = g[j], b = g[j + h];
-          g[j] = a + b;
-          g[j + h] = a - b;
-        }
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-    for (auto& v : g) v = round(v * scale);
-  }
+  if (c.tail.hadamard) hadamard_rounded(g, round);
   if (c.tail.rope()) {
     const int half = c.tail.rope_dim / 2;
     const int first = d - c.tail.rope_dim;

@@ -58,16 +58,21 @@ void fill_inputs(Params& params, const Args& a) {
   params.seq_len = static_cast<csa_i32>(a.seq_len);
 }
 
+// The tail epilogue's tensors (validated: set exactly as config.tail names its stages).
+template <typename Params>
+void fill_tail(Params& params, const Tail& t) {
+  params.norm_weight = t.norm_weight;
+  params.eps = t.eps;
+  params.rope_cos = t.rope_cos;
+  params.rope_sin = t.rope_sin;
+  params.rope_max_blocks = static_cast<std::int32_t>(
+      std::min<std::int64_t>(t.rope_max_blocks, std::numeric_limits<std::int32_t>::max()));
+}
+
 inline void fill_output(csa_kernel::ForwardParams& params, const ForwardArgs& a) {
   params.out = a.out;
   params.out_stride = row_stride(a.out_stride, a.config.head_dim);
-  // The tail epilogue's tensors (validated: set exactly as config.tail names its stages).
-  params.norm_weight = a.tail.norm_weight;
-  params.eps = a.tail.eps;
-  params.rope_cos = a.tail.rope_cos;
-  params.rope_sin = a.tail.rope_sin;
-  params.rope_max_blocks = static_cast<std::int32_t>(
-      std::min<std::int64_t>(a.tail.rope_max_blocks, std::numeric_limits<std::int32_t>::max()));
+  fill_tail(params, a.tail);
   params.rstd = a.rstd;
 }
 
@@ -86,12 +91,7 @@ inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArg
   params.grad_out_stride = row_stride(a.grad_out_stride, a.config.head_dim);
   params.grad_kv_stride = row_stride(a.grad_kv_stride, width);
   params.grad_score_stride = row_stride(a.grad_score_stride, width);
-  params.norm_weight = a.tail.norm_weight;
-  params.eps = a.tail.eps;
-  params.rope_cos = a.tail.rope_cos;
-  params.rope_sin = a.tail.rope_sin;
-  params.rope_max_blocks = static_cast<std::int32_t>(
-      std::min<std::int64_t>(a.tail.rope_max_blocks, std::numeric_limits<std::int32_t>::max()));
+  fill_tail(params, a.tail);
   params.grad_w = a.grad_norm_weight;
 }
 
