@@ -56,6 +56,21 @@ CSA_SHARED_FN bool tail_row_threads_ok(int threads) {
 // The widest head_dim a tail kernel serves (256 threads of 4 columns).
 constexpr int kTailMaxHeadDim = 1024;
 
+// The long-window family's tail runs once a row is complete, over a CTA of `threads` threads
+// (the lanes form's, a power of two): the columns each thread holds, 1, 2, 4 or 8, the fewest
+// for which a row's threads (tail_row_threads_ok) divide the CTA; 0 where none does (head_dim
+// not a power of two, or wider than 8 columns a thread).
+CSA_SHARED_FN int long_tail_vec(int head_dim, int threads) {
+  for (int v = 1; v <= 8; v *= 2) {
+    if (head_dim % v != 0) continue;
+    const int row_threads = head_dim / v;
+    if ((row_threads & (row_threads - 1)) == 0 && row_threads <= threads &&
+        threads % row_threads == 0 && tail_row_threads_ok(row_threads))
+      return v;
+  }
+  return 0;
+}
+
 CSA_SHARED_FN int element_bytes(int kind) {
   return kind == kElementF32 ? 4 : 2;
 }
@@ -100,6 +115,12 @@ struct ForwardParams {
   const float* rope_cos;    // (rope_max_blocks, rope_dim / 2)
   const float* rope_sin;
   float* rstd;  // (total_comp,) or null
+  // The long-window family's tail: every column slice's CTA writes its fp32 pooled values to
+  // `pooled` (total_comp, head_dim) and arrives at its row's word of `row_arrivals` (zero
+  // when allocated; the row's last arrival runs the tail over the whole row and leaves it
+  // zero again).
+  float* pooled;
+  unsigned* row_arrivals;
   float eps;
   csa_i32 rope_max_blocks;
 };
@@ -136,7 +157,8 @@ struct BackwardParams {
   const void* norm_weight;
   const float* rope_cos;
   const float* rope_sin;
-  float* grad_w;  // unused by the kernel (the reduction writes it)
+  float* grad_w;        // unused by the kernel (the reduction writes it)
+  const float* pooled;  // the long-window family's tail: the forward's pooled rows (fp32)
   float eps;
   csa_i32 rope_max_blocks;
 };
@@ -164,8 +186,8 @@ struct OffsetCheckParams {
   csa_i32 ratio;
 };
 
-static_assert(sizeof(ForwardParams) == 10 * 8 + 10 * 4, "ForwardParams layout");
-static_assert(sizeof(BackwardParams) == 14 * 8 + 14 * 4, "BackwardParams layout");
+static_assert(sizeof(ForwardParams) == 12 * 8 + 10 * 4, "ForwardParams layout");
+static_assert(sizeof(BackwardParams) == 15 * 8 + 14 * 4, "BackwardParams layout");
 static_assert(sizeof(ApeReduceParams) == 3 * 8 + 6 * 4, "ApeReduceParams layout");
 static_assert(sizeof(OffsetCheckParams) == 3 * 8 + 4 * 4, "OffsetCheckParams layout");
 

@@ -2,6 +2,7 @@
 // per CTA), its window loads, its shared-memory ring and its merge of a column's lanes.
 #pragma once
 #include "lane_window.cuh"
+#include "long_window_tail.cuh"
 namespace csa_kernel {
 
 // The backward's loads of one row's window: raw elements issued together, then turned into s
@@ -356,6 +357,16 @@ __global__ void __launch_bounds__(
   static_assert(THREADS % 32 == 0, "whole warps: the merge shuffles over full warps");
   // Double-buffered by row parity: two barriers per row.
   __shared__ float sm_m[2][LANES][COLS], sm_den[2][LANES][COLS], sm_s[2][LANES][COLS];
+  // The tail (long_window_tail.cuh): each row's pooled-row gradient, from grad_y and the
+  // forward's pooled row, replaces grad_out; this thread's grad_w terms over the rows.
+  constexpr bool kTail = IO::Store::kCooperative;
+  static_assert(!(kTail && ATOMIC_APE), "the tail's grad_w takes the fixed-order reduction");
+  using Tail = LongTail<IO, RATIO, COFF, HEAD_DIM, THREADS>;
+  constexpr int kTailVec = kTail ? long_tail_vec(HEAD_DIM, THREADS) : 1;
+  [[maybe_unused]] __shared__ float sm_gx[kTail ? HEAD_DIM : 1];
+  [[maybe_unused]] float dw[kTailVec];
+#pragma unroll
+  for (int v = 0; v < kTailVec; ++v) dw[v] = 0.0f;
   const int lane = threadIdx.y;
   const int cv = blockIdx.y * TX + threadIdx.x;
   const bool active = cv < NCV;
@@ -443,6 +454,11 @@ __global__ void __launch_bounds__(
     cp_async_wait<STAGES - 2>();
     __syncthreads();
   }
+  using TailState = LongTailState<kTail, Tail>;
+  [[maybe_unused]] typename TailState::Row tail_next;
+  if constexpr (kTail) {
+    if (row_begin < row_end) Tail::load(p, static_cast<int>(row_begin), tail_next);
+  }
   int buf = 0;
   int it = 0;
   for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1, ++it) {
@@ -470,6 +486,14 @@ __global__ void __launch_bounds__(
       loads.issue(p, w, row, col, lane, active);
       loads.finish(ape, w, lane, s, x, g);
     }
+    // The tail: this row's inputs (loaded a row ahead) and operands; the next row's loads.
+    [[maybe_unused]] typename TailState::Row tail_in;
+    [[maybe_unused]] typename TailState::Operands tail_op;
+    if constexpr (kTail) {
+      tail_in = tail_next;
+      if (row + 1 < row_end) Tail::load(p, row + 1, tail_next);
+      Tail::operands(p, w.block, tail_op);
+    }
     float m[VEC], den[VEC];
     lane_exps<LW::C, VEC, FAST_EXP>(s, m, den);
 #pragma unroll
@@ -477,7 +501,13 @@ __global__ void __launch_bounds__(
       sm_m[buf][lane][threadIdx.x * VEC + v] = m[v];
       sm_den[buf][lane][threadIdx.x * VEC + v] = den[v];
     }
+    // The pooled row's gradient replaces grad_out (published by the barrier below).
+    if constexpr (kTail) Tail::backward(p, tail_in, tail_op, it & 1, sm_gx, dw);
     __syncthreads();
+    if constexpr (kTail) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) g[v] = active ? sm_gx[col + v] : 0.0f;
+    }
     // The threads of a column merge its lanes in one fixed order (ColumnLanes): identical M
     // and den in every thread of the column.
     float scale[VEC], S_part[VEC];
@@ -570,8 +600,14 @@ __global__ void __launch_bounds__(
     }
     return;
   }
+  // The tail's grad_w partials follow grad_ape's in each row group's block.
+  constexpr long long kGroupFloats = RATIO * LW::W + (IO::Store::kNorm ? HEAD_DIM : 0);
+  if constexpr (IO::Store::kNorm)
+    Tail::write_grad_w(
+        p.workspace + static_cast<long long>(blockIdx.x) * kGroupFloats + RATIO * LW::W, col0, COLS,
+        dw);
   if (!active) return;
-  float* dst = p.workspace + static_cast<long long>(blockIdx.x) * (RATIO * LW::W);
+  float* dst = p.workspace + static_cast<long long>(blockIdx.x) * kGroupFloats;
 #pragma unroll
   for (int j = 0; j < LW::C; ++j) {
     const int k = lane * LW::C + j;

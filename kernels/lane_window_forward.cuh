@@ -1,6 +1,7 @@
 // Long-window family, lanes form: the forward kernel (one row and one column slice per CTA).
 #pragma once
 #include "lane_window.cuh"
+#include "long_window_tail.cuh"
 namespace csa_kernel {
 
 // Loads this thread's slots: s = score + ape (invalid: -inf), kv (invalid: 0).
@@ -144,11 +145,13 @@ __device__ __forceinline__ float serial_quotient(float e, float den, float inv) 
 // (ratio <= 64) were not measured. Others keep the compiler's choice (3 CTAs for the 32-value
 // windows of the 64-column buckets measured the same as without). fp32 with runtime strides
 // (twice the raw bits a value, plus the strides) spilled 40 B at 48 registers on sm_80, so it
-// keeps the compiler's choice too.
+// keeps the compiler's choice too, as do tail kernels.
 template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int LANES, bool SERIAL>
 __host__ __device__ constexpr int forward_min_ctas(int threads) {
   constexpr int values = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>::C * VEC;
   if (SERIAL || COFF != 1 || VEC < 2 || threads > 256) return 1;
+  // The tail's finishing row takes more registers than 48 (fp32 spilled 44 B there on sm_80).
+  if (IO::Store::kCooperative) return 1;
   if (IO::kElement == kElementF32 && IO::kLayout != kLayoutThdPacked) return 1;
   return values <= 16 ? 5 : 1;
 }
@@ -164,10 +167,14 @@ __global__ void __launch_bounds__(
   static_assert(!(SERIAL && FAST_EXP), "the serial order is the bitwise contract: exact expf");
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int COLS = TX * VEC;
+  constexpr int SLICES = (NCV + TX - 1) / TX;
+  // The tail: the row's last slice runs it over the whole row (long_window_tail.cuh).
+  constexpr bool kTail = IO::Store::kCooperative;
+  using Tail = LongTail<IO, RATIO, COFF, HEAD_DIM, TX * LANES>;
   __shared__ float sm_m[LANES][COLS], sm_den[LANES][COLS], sm_acc[LANES][COLS];
   // SERIAL: one column's window of e (then of products) per row, padded (kSerialPad).
   __shared__ __align__(16) float sm_e[SERIAL ? COLS : 1][SERIAL ? LW::WIN + kSerialPad : 1];
-  const ForwardTile<(NCV + TX - 1) / TX> tile;
+  const ForwardTile<SLICES> tile;
   const int row = tile.row;
   const int cv = tile.slice * TX + threadIdx.x;
   const int lane = threadIdx.y;
@@ -234,10 +241,17 @@ __global__ void __launch_bounds__(
       store_serial_slots<LW::C, LW::WIN>(&sm_e[c][lane * LW::C], s, v, lane * LW::C);
     }
     __syncthreads();
-    if (lane >= VEC || !active) return;
-    const float out[1] = {serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0])};
-    IO::Store::template store<typename IO::E, 1>(
-        IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);
+    if constexpr (kTail) {
+      const bool finishes = lane < VEC && active;
+      Tail::template forward<SLICES>(
+          p, row, w.block, finishes, col + lane,
+          finishes ? serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0]) : 0.0f);
+    } else {
+      if (lane >= VEC || !active) return;
+      const float out[1] = {serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0])};
+      IO::Store::template store<typename IO::E, 1>(
+          IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);
+    }
   } else {
     float m[VEC], den[VEC], acc[VEC];
     lane_exps<LW::C, VEC, FAST_EXP>(s, m, den);
@@ -253,16 +267,24 @@ __global__ void __launch_bounds__(
     }
     __syncthreads();
     // Lane q < VEC finishes column threadIdx.x * VEC + q.
-    if (lane >= VEC || !active) return;
-    const int c = threadIdx.x * VEC + lane;
-    const float M = merged_max<LANES, FAST_EXP>(&sm_m[0][c], COLS);
-    const float total_den = merged_sum<LANES, FAST_EXP>(&sm_m[0][c], &sm_den[0][c], COLS, M);
-    const float total_acc = merged_sum<LANES, FAST_EXP>(&sm_m[0][c], &sm_acc[0][c], COLS, M);
-    // Correctly rounded while den and the quotient stay normal (den >= 1: the window max's e
-    // is 1); no slow-path call (tolerance contract).
-    const float out[1] = {div_rn_fast(total_acc, total_den, refined_reciprocal(total_den))};
-    IO::Store::template store<typename IO::E, 1>(
-        IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);
+    const bool finishes = lane < VEC && active;
+    if (!kTail && !finishes) return;
+    float out[1] = {0.0f};
+    if (finishes) {
+      const int c = threadIdx.x * VEC + lane;
+      const float M = merged_max<LANES, FAST_EXP>(&sm_m[0][c], COLS);
+      const float total_den = merged_sum<LANES, FAST_EXP>(&sm_m[0][c], &sm_den[0][c], COLS, M);
+      const float total_acc = merged_sum<LANES, FAST_EXP>(&sm_m[0][c], &sm_acc[0][c], COLS, M);
+      // Correctly rounded while den and the quotient stay normal (den >= 1: the window max's e
+      // is 1); no slow-path call (tolerance contract).
+      out[0] = div_rn_fast(total_acc, total_den, refined_reciprocal(total_den));
+    }
+    if constexpr (kTail) {
+      Tail::template forward<SLICES>(p, row, w.block, finishes, col + lane, out[0]);
+    } else {
+      IO::Store::template store<typename IO::E, 1>(
+          IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);
+    }
   }
 }
 

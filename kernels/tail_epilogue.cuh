@@ -287,20 +287,53 @@ struct TailEpilogue {
     for (int v = 0; v < VEC; ++v) x[v] = __fmul_rn(x[v], kScale);
   }
 
+  // The operands of this thread's columns and of its row's block read straight into registers,
+  // for kernels whose cp.async groups count something else (the long-window backward's ring).
+  template <int VEC, int HEAD_DIM, class P>
+  static __device__ __forceinline__ void read_operands(const P& p, int col, int block,
+                                                       Operands<VEC>& op) {
+    if constexpr (kNorm) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v)
+        op.w[v] =
+            kWeightF32
+                ? __ldg(static_cast<const float*>(p.norm_weight) + col + v)
+                : bf16_to_f32(__ldg(static_cast<const unsigned short*>(p.norm_weight) + col + v));
+    }
+    if constexpr (kRopeDim > 0) {
+      const long long base =
+          static_cast<long long>(min(block, p.rope_max_blocks - 1)) * (kRopeDim / 2);
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        const int i = pair_of<HEAD_DIM>(col + v);
+        op.cos[v] = i < 0 ? 0.0f : __ldg(p.rope_cos + base + i);
+        op.sin[v] = i < 0 ? 0.0f : __ldg(p.rope_sin + base + i);
+      }
+    }
+  }
+
   // Every thread of the CTA: `x` its VEC columns of row `row` from column `col` (operands
   // staged by stage_operands where has_row), stored to `dst` where has_row.
   template <class E, int VEC, int HEAD_DIM, int THREADS>
   static __device__ __forceinline__ void store_row(const ForwardParams& p, typename E::T* dst,
                                                    int row, int col, bool has_row,
                                                    float (&x)[VEC]) {
+    Operands<VEC> op;
+    load_operands<VEC, THREADS>(col, threadIdx.x, op);
+    store_row_with<E, VEC, HEAD_DIM, THREADS>(p, op, dst, row, col, has_row, x, threadIdx.x);
+  }
+
+  // store_row with the operands in hand; `tid` the thread's linear index in the CTA.
+  template <class E, int VEC, int HEAD_DIM, int THREADS>
+  static __device__ __forceinline__ void store_row_with(const ForwardParams& p,
+                                                        const Operands<VEC>& op, typename E::T* dst,
+                                                        int row, int col, bool has_row,
+                                                        float (&x)[VEC], int tid) {
     constexpr int NCV = HEAD_DIM / VEC;
     static_assert(tail_row_threads_ok(NCV) && THREADS % NCV == 0 && THREADS % 32 == 0,
                   "a tail kernel's CTA holds whole rows in whole warps");
     __shared__ __align__(16) float xs[THREADS * VEC];  // the CTA's rows, row-major
     __shared__ float red[THREADS / 32];
-    const int tid = threadIdx.x;
-    Operands<VEC> op;
-    load_operands<VEC, THREADS>(col, tid, op);
     if constexpr (kNorm) {
       const float rstd = norm<VEC, HEAD_DIM, NCV, THREADS>(p, op, x, red, tid);
       if (has_row && col == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
@@ -318,13 +351,23 @@ struct TailEpilogue {
   static __device__ __forceinline__ void backward_row(const BackwardParams& p, int col, int tid,
                                                       int parity, const float (&x)[VEC],
                                                       float (&g)[VEC], float (&dw)[VEC]) {
+    Operands<VEC> op;
+    load_operands<VEC, THREADS>(col, tid, op);
+    backward_row_with<VEC, HEAD_DIM, THREADS>(p, op, col, tid, parity, x, g, dw);
+  }
+
+  // backward_row with the operands in hand.
+  template <int VEC, int HEAD_DIM, int THREADS>
+  static __device__ __forceinline__ void backward_row_with(const BackwardParams& p,
+                                                           const Operands<VEC>& op, int col,
+                                                           int tid, int parity,
+                                                           const float (&x)[VEC], float (&g)[VEC],
+                                                           float (&dw)[VEC]) {
     constexpr int NCV = HEAD_DIM / VEC;
     static_assert(tail_row_threads_ok(NCV) && THREADS % NCV == 0 && THREADS % 32 == 0,
                   "a tail kernel's CTA holds whole rows in whole warps");
     __shared__ __align__(16) float xs[THREADS * VEC];
     __shared__ float red[2][2 * (THREADS / 32)];
-    Operands<VEC> op;
-    load_operands<VEC, THREADS>(col, tid, op);
     // The Hadamard transform is its own transpose.
     if constexpr (kHadamard) hadamard<VEC, HEAD_DIM, NCV, THREADS>(g, xs, tid);
     if constexpr (kRopeDim > 0) rope<true, VEC, HEAD_DIM, NCV, THREADS>(col, op, g, xs, tid);

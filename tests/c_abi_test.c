@@ -50,7 +50,7 @@ int main(void) {
   {
     csa_compressor_args a;
     memset(&a, 0, sizeof a);
-    CHECK(sizeof a == CSA_COMPRESSOR_ARGS_SIZE_V2);
+    CHECK(sizeof a == CSA_COMPRESSOR_ARGS_SIZE_V3);
     a.struct_size = sizeof a;
     a.ratio = 4;
     a.head_dim = 8;
@@ -72,7 +72,7 @@ int main(void) {
     rc = csa_compressor_forward_ex(&a, NULL);
     CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
     CHECK(strstr(csa_last_error(), "struct_size is 0") != NULL);
-    a.struct_size = sizeof a - 8; /* an older, smaller struct this library does not know */
+    a.struct_size = sizeof a - 4; /* a smaller struct this library does not know */
     rc = csa_compressor_backward_ex(&a, NULL);
     CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
     CHECK(strstr(csa_last_error(), "struct_size") != NULL);
@@ -103,6 +103,16 @@ int main(void) {
     CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
     CHECK(strstr(csa_last_error(), "rope_dim") != NULL);
     a.rope_dim = 0;
+    /* Version 3's pooled rows: with a tail only; a version-2 struct ends before them. */
+    a.pooled = (float*)ape;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);
+    CHECK(strstr(csa_last_error(), "pooled is set") != NULL);
+    a.struct_size = CSA_COMPRESSOR_ARGS_SIZE_V2;
+    rc = csa_compressor_forward_ex(&a, NULL);
+    CHECK(rc == CSA_OK);
+    a.struct_size = sizeof a;
+    a.pooled = NULL;
     a.reserved2 = 1;
     rc = csa_compressor_forward_ex(&a, NULL);
     CHECK(rc == CSA_ERROR_INVALID_ARGUMENT);

@@ -143,11 +143,15 @@ TEST(NvrtcCompile, EveryTailKernelWithoutLocalMemory) {
     return c;
   };
   std::vector<Config> shapes = {
-      tail(4, 512, 2, true, 64, false),  tail(4, 128, 2, true, 64, true),
-      tail(2, 512, 2, true, 64, false),  tail(2, 128, 2, true, 64, true),
-      tail(16, 512, 2, true, 64, true),  tail(16, 128, 1, true, 64, true),
+      tail(4, 512, 2, true, 64, false), tail(4, 128, 2, true, 64, true),
+      tail(2, 512, 2, true, 64, false), tail(2, 128, 2, true, 64, true),
+      tail(16, 512, 2, true, 64, true), tail(16, 128, 1, true, 64, true),
       tail(4, 128, 1, false, 64, false), tail(8, 512, 2, false, 0, true),
-      tail(4, 96, 2, true, 32, false),   tail(8, 1024, 2, true, 64, true)};
+      tail(4, 96, 2, true, 32, false), tail(8, 1024, 2, true, 64, true),
+      // The long-window family's (ratio > 16): the production shape, a coff-2 indexer-like
+      // one, every stage but the norm over the whole row.
+      tail(128, 512, 1, true, 64, false), tail(32, 128, 2, true, 64, true),
+      tail(64, 64, 1, false, 64, true)};
   Config half = tail(4, 128, 2, true, 64, true);
   half.tail.rope_interleaved = false;
   half.tail.norm_weight_dtype = DType::kBf16;

@@ -62,6 +62,12 @@ std::vector<TailCase> all_cases() {
       {8, 2, 512, shape(false, 0, true), DType::kBf16, Layout::kThd},
       {4, 2, 96, shape(true, 32, false), DType::kBf16, Layout::kThd},
       {16, 1, 64, shape(true, 64, true, false), DType::kBf16, Layout::kThd},
+      // The long-window family (ratio > 16): the production tail, a coff-2 one with every
+      // stage, the rotation and the Hadamard without the norm, a bf16 weight at ratio 256.
+      {128, 1, 512, shape(true, 64, false), DType::kBf16, Layout::kThd},
+      {32, 2, 128, shape(true, 64, true), DType::kBf16, Layout::kThd},
+      {64, 1, 64, shape(false, 64, true, false), DType::kBf16, Layout::kThd},
+      {256, 1, 256, shape(true, 0, false, true, DType::kBf16), DType::kBf16, Layout::kThd},
   };
   for (const TailCase& c : base) {
     for (DType t : {DType::kBf16, DType::kF16, DType::kF32}) {
@@ -135,7 +141,7 @@ struct TailProblem {
   tools::HostInputs host;
   tools::TailInputs t;
   tools::DeviceInputs dev;
-  device::Buffer weight, cos_d, sin_d, rstd_d, grad_w_d;
+  device::Buffer weight, cos_d, sin_d, rstd_d, grad_w_d, pooled_d;
   tools::LaidInputs laid;
   reference::HostProblem h;
   Tail ht;
@@ -167,6 +173,8 @@ struct TailProblem {
         sin_d(std::max<std::size_t>(t.sin.size() * 4, 16)),
         rstd_d(static_cast<std::size_t>(std::max<std::int64_t>(p.total_comp, 4)) * 4),
         grad_w_d(static_cast<std::size_t>(cs.head_dim) * 4),
+        pooled_d(static_cast<std::size_t>(std::max<std::int64_t>(p.total_comp, 1)) *
+                 static_cast<std::size_t>(cs.head_dim) * 4),
         laid(tools::lay_out(host, cs.dtype, cs.layout)) {
     weight.upload(t.weight.data(), t.weight.size());
     cos_d.upload(t.cos.data(), t.cos.size() * 4);
@@ -205,16 +213,20 @@ struct TailProblem {
     }
     return d;
   }
+  // The long-window family's tail: the forward keeps the pooled rows, its backward reads them.
+  bool long_window() const { return c.ratio > 16; }
   ForwardArgs forward_args() const {
     ForwardArgs a = dev.forward();
     a.tail = device_tail();
     if (c.tail.norm) a.rstd = rstd_d.as<float>();
+    if (long_window()) a.pooled = pooled_d.as<float>();
     return a;
   }
   BackwardArgs backward_args(std::uint32_t flags) const {
     BackwardArgs a = dev.backward(flags);
     a.tail = device_tail();
     if (c.tail.norm) a.grad_norm_weight = grad_w_d.as<float>();
+    if (long_window()) a.pooled = pooled_d.as<float>();
     return a;
   }
   // The row's block in its segment (padding rows: 0).
@@ -311,10 +323,40 @@ TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
   std::vector<float> rstd(static_cast<std::size_t>(p.total_comp));
   if (c.tail.norm) tp.rstd_d.download(rstd.data(), rstd.size() * 4);
   EXPECT_EQ(run(), got) << "not bitwise run to run";
+  if (tp.long_window()) {
+    // Without the caller's pooled buffer the rows go to scratch memory: the same y.
+    ForwardArgs scratch = a;
+    scratch.pooled = nullptr;
+    tp.dev.out.fill(0xff);
+    g_runtime->forward(scratch, nullptr);
+    device::synchronize(nullptr);
+    EXPECT_EQ(tools::DeviceInputs::download(tp.dev.out), got) << "pooled in scratch memory";
+  }
 
   std::vector<std::uint8_t> ref(out_bytes);
   std::vector<float> ref_rstd(static_cast<std::size_t>(p.total_comp));
   reference::tail_forward_fp32(tp.h, tp.ht, ref.data(), c.tail.norm ? ref_rstd.data() : nullptr);
+  const std::vector<std::uint8_t> chain_ref = ref;  // the whole chain on the CPU: fp64 parity
+  if (tp.long_window()) {
+    // The long-window family hands out its fp32 pooled rows: they meet the fp32 contract
+    // against the CPU's, and y is compared with the CPU tail over them, so that the CPU's
+    // libm expf (not CUDA's) does not count against the tail (a window of 256 slots flips
+    // about 0.3 % of bf16 roundings through it alone).
+    const auto n = static_cast<std::size_t>(p.total_comp * c.head_dim);
+    std::vector<float> pooled_gpu(n), pooled_cpu(n);
+    tp.pooled_d.download(pooled_gpu.data(), n * 4);
+    reference::pooled_fp32(tp.h, pooled_cpu.data());
+    auto bytes = [](const std::vector<float>& v) {
+      std::vector<std::uint8_t> b(v.size() * 4);
+      std::memcpy(b.data(), v.data(), b.size());
+      return b;
+    };
+    const std::string pooled_broken =
+        contract_failure(bytes(pooled_gpu), bytes(pooled_cpu), DType::kF32, false, "pooled");
+    EXPECT_TRUE(pooled_broken.empty()) << pooled_broken;
+    reference::tail_rows_fp32(tp.h, tp.ht, pooled_gpu.data(), ref.data(),
+                              c.tail.norm ? ref_rstd.data() : nullptr);
+  }
   std::vector<double> y64(static_cast<std::size_t>(p.comp_elems()));
   reference::tail_forward_fp64(tp.h, tp.ht, y64.data());
   const std::string broken = contract_failure(got, ref, c.dtype, false, "y");
@@ -339,7 +381,7 @@ TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
       const auto i = static_cast<std::size_t>(row * d + j);
       fused.add(element_value(got, c.dtype, i), y64[i]);
       unfused.add(chain[static_cast<std::size_t>(j)], y64[i]);
-      ref32.add(element_value(ref, c.dtype, i), y64[i]);
+      ref32.add(element_value(chain_ref, c.dtype, i), y64[i]);
     }
   }
   EXPECT_LE(fused.max, 1.5 * ref32.max + 1e-6)
@@ -380,6 +422,10 @@ TEST_P(GpuTail, BackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
     if (c.tail.norm) tp.grad_w_d.download(g.w.data(), d * 4);
     return g;
   };
+  if (tp.long_window()) {  // the pooled rows the backward reads
+    g_runtime->forward(tp.forward_args(), nullptr);
+    device::synchronize(nullptr);
+  }
   const Grads got = run(0, std::nanf(""));
   const Grads again = run(kDeterministic, std::nanf(""));
   EXPECT_EQ(again.kv, got.kv) << "grad_kv not bitwise run to run";
@@ -520,6 +566,44 @@ TEST_F(Gpu, TailRejectionsLeaveTheOutputUntouched) {
   }
   device::synchronize(nullptr);
   EXPECT_EQ(tools::DeviceInputs::download(dev.grad_kv), grad_before);
+}
+
+// The long-window family's tail backward reads the forward's pooled rows: without them it is
+// rejected before any launch; pooled without a tail too.
+TEST_F(Gpu, LongWindowTailRejectionsLeaveTheOutputsUntouched) {
+  Config config{32, 128, 1};
+  config.tail = shape(true, 0, false);
+  const Problem p = make_problem({32, 128, 1}, {256, 100}, 0, 0, base_seed());
+  tools::HostInputs host = host_inputs(p);
+  host.config = config;
+  tools::DeviceInputs dev(host);
+  device::Buffer weight(128 * 4), grad_w(128 * 4), pooled(64 * 128 * 4);
+  weight.fill(0);
+  dev.grad_kv.fill(0xab);
+  const auto before = tools::DeviceInputs::download(dev.grad_kv);
+  BackwardArgs b = dev.backward();
+  b.tail.norm_weight = weight.get();
+  b.grad_norm_weight = grad_w.as<float>();
+  try {
+    g_runtime->backward(b, nullptr);
+    ADD_FAILURE() << "a long-window tail backward without pooled was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pooled is null"), std::string::npos) << e.what();
+  }
+  ForwardArgs f = dev.forward();
+  f.config.tail = TailShape{};
+  f.pooled = pooled.as<float>();
+  dev.out.fill(0xab);
+  const auto out_before = tools::DeviceInputs::download(dev.out);
+  try {
+    g_runtime->forward(f, nullptr);
+    ADD_FAILURE() << "pooled without a tail was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pooled is set"), std::string::npos) << e.what();
+  }
+  device::synchronize(nullptr);
+  EXPECT_EQ(tools::DeviceInputs::download(dev.grad_kv), before);
+  EXPECT_EQ(tools::DeviceInputs::download(dev.out), out_before);
 }
 
 }  // namespace

@@ -190,14 +190,15 @@ TEST_F(Validation, TailStagesAndTensorsMustAgree) {
         a.tail.rope_max_blocks = 15;
       },
       kBad, "gives 16 blocks");
-  // Served: the short-window family's forward, head_dim a power of two or a multiple of 32.
+  // Served: the short-window family, head_dim a power of two or a multiple of 32; the
+  // long-window family (ratio > 16), head_dim a power of two.
   forward_rejected(
       [&](auto& a) {
+        a.config = {32, 24, 2};
         norm(a);
-        a.config.ratio = 32;
         a.total_comp = 2;
       },
-      Status::kUnsupported, "served up to ratio 16");
+      Status::kUnsupported, "in the long-window family (ratio 32) needs head_dim a power of two");
   forward_rejected(
       [&](auto& a) {
         a.config = {4, 24, 2};
@@ -209,9 +210,20 @@ TEST_F(Validation, TailStagesAndTensorsMustAgree) {
       [&] {
         ForwardArgs a = forward_args();
         norm(a);
-        runtime_.forward(a, nullptr, Family::kLongWindow);
+        runtime_.forward(a, nullptr, Family::kReference);
       },
-      Status::kUnsupported, "short-window family only");
+      Status::kUnsupported, "runs in the short-window and long-window families");
+  // The long-window tail's pooled rows: with a tail only, 16-byte aligned.
+  forward_rejected([&](auto& a) { a.pooled = table; }, kBad,
+                   "pooled is set but config.tail has no stage");
+  backward_rejected([&](auto& a) { a.pooled = table; }, kBad,
+                    "pooled is set but config.tail has no stage");
+  forward_rejected(
+      [&](auto& a) {
+        norm(a);
+        a.pooled = table + 1;
+      },
+      kBad, "pooled (");
   backward_rejected(
       [](auto& a) {
         a.config.tail.norm = true;

@@ -41,6 +41,7 @@ struct BenchOptions {
 
 struct DeviceSet {
   device::Buffer kv, score, out, grad_out, grad_kv, grad_score, grad_ape;
+  device::Buffer pooled;  // the long-window tail's pooled rows (fp32), else 16 bytes
 };
 
 struct Shape {
@@ -136,8 +137,15 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   const std::size_t tok_bytes = laid.kv.size();
   const std::size_t comp_bytes = static_cast<std::size_t>(in.total_comp * c.head_dim) * esize;
   const std::size_t ape_bytes = static_cast<std::size_t>(c.ratio * width) * 4;
-  const std::int64_t fwd_bytes = forward_bytes(in, static_cast<int>(esize));
-  const std::int64_t bwd_bytes = backward_bytes(in, static_cast<int>(esize));
+  // The long-window family's tail keeps the pooled rows (fp32) for its backward: written by the
+  // forward, read by the backward, counted in both floors.
+  const bool keeps_pooled = c.tail.any() && c.ratio > 16;
+  const std::size_t pooled_bytes =
+      keeps_pooled ? static_cast<std::size_t>(in.total_comp * c.head_dim) * 4 : 0;
+  const std::int64_t fwd_bytes =
+      forward_bytes(in, static_cast<int>(esize)) + static_cast<std::int64_t>(pooled_bytes);
+  const std::int64_t bwd_bytes = backward_bytes(in, static_cast<int>(esize)) +
+                                 (c.tail.norm ? static_cast<std::int64_t>(pooled_bytes) : 0);
   const int sets = rotation_sets(fwd_bytes, l2_bytes);
 
   device::Buffer cu(in.cu.size() * 4), cuc(in.cuc.size() * 4), ape(ape_bytes);
@@ -146,9 +154,11 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   ape.upload(in.ape.data(), ape_bytes);
   std::vector<DeviceSet> data;
   for (int s = 0; s < sets; ++s) {
-    DeviceSet d{device::Buffer(tok_bytes),  device::Buffer(tok_bytes), device::Buffer(comp_bytes),
-                device::Buffer(comp_bytes), device::Buffer(tok_bytes), device::Buffer(tok_bytes),
-                device::Buffer(ape_bytes)};
+    DeviceSet d{
+        device::Buffer(tok_bytes),  device::Buffer(tok_bytes),
+        device::Buffer(comp_bytes), device::Buffer(comp_bytes),
+        device::Buffer(tok_bytes),  device::Buffer(tok_bytes),
+        device::Buffer(ape_bytes),  device::Buffer(std::max<std::size_t>(pooled_bytes, 16))};
     d.kv.upload(laid.kv.data(), tok_bytes);
     d.score.upload(laid.score.data(), tok_bytes);
     d.grad_out.upload(laid.grad_out.data(), comp_bytes);
@@ -188,6 +198,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
       a.tail.rope_sin = rope_sin.as<float>();
       a.tail.rope_max_blocks = tail.max_blocks;
     }
+    if (keeps_pooled) a.pooled = data[s].pooled.as<float>();
     return a;
   };
   auto bwd_args = [&](int s, std::uint32_t flags) {
@@ -210,6 +221,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     a.kv_stride = a.score_stride = a.grad_kv_stride = a.grad_score_stride = stride;
     a.tail = fwd_args(s).tail;
     if (c.tail.norm) a.grad_norm_weight = grad_w.as<float>();
+    if (keeps_pooled && c.tail.norm) a.pooled = data[s].pooled.as<float>();
     return a;
   };
   const std::string label =
@@ -247,6 +259,10 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
                     {"input_sets", sets}});
   };
   measure("fwd", fwd_bytes, 1.4, 2.0, [&](int s) { rt.forward(fwd_args(s), stream); });
+  if (keeps_pooled) {  // the backward's pooled rows: every set's, from its data
+    for (int s = 0; s < sets; ++s) rt.forward(fwd_args(s), stream);
+    device::synchronize(stream);
+  }
   // Targets: 1.4 x floor + 2 us forward; backward 1.5 x floor + 3 us (short-window family) or
   // 1.6 x floor + 3 us (long-window).
   const double bwd_slope = c.ratio > 16 ? 1.6 : 1.5;

@@ -105,6 +105,10 @@ typedef struct csa_compressor_args {
   float* rstd;             /* forward, optional with CSA_TAIL_NORM: (total_comp,) fp32 */
   float* grad_norm_weight; /* backward with CSA_TAIL_NORM: (head_dim,) fp32, overwritten
                               unless CSA_ACCUMULATE_GRAD_APE, like grad_ape */
+  /* ---- version 3: the long-window family's tail (ratio > 16) keeps the pooled rows for its
+   * backward: (total_comp, head_dim) fp32, dense, 16-byte aligned. Forward: optional output;
+   * backward: required with CSA_TAIL_NORM there. Null otherwise. */
+  float* pooled;
 } csa_compressor_args;
 
 /* tail_flags */
@@ -113,15 +117,16 @@ typedef struct csa_compressor_args {
 #define CSA_TAIL_ROPE_HALF_SPLIT 4u /* RoPE pairs (i, i + rope_dim/2), not (2i, 2i+1) */
 #define CSA_TAIL_HADAMARD 8u        /* head_dim a power of two; scaled by head_dim^-1/2 */
 
-/* struct_size of the first version of csa_compressor_args (every field up to grad_ape), and of
- * the second (the tail's fields). The library takes either. */
+/* struct_size of the first version of csa_compressor_args (every field up to grad_ape), of the
+ * second (the tail's fields) and of the third (pooled). The library takes any of them. */
 #define CSA_COMPRESSOR_ARGS_SIZE_V1 ((uint64_t)(8 + 6 * 4 + 3 * 8 + 2 * 4 + 6 * 8 + 10 * 8))
 #define CSA_COMPRESSOR_ARGS_SIZE_V2 (CSA_COMPRESSOR_ARGS_SIZE_V1 + (uint64_t)(4 * 4 + 8 + 5 * 8))
+#define CSA_COMPRESSOR_ARGS_SIZE_V3 (CSA_COMPRESSOR_ARGS_SIZE_V2 + (uint64_t)8)
 
 CSA_API int csa_compressor_forward_ex(const csa_compressor_args* args, void* stream);
 CSA_API int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream);
 /* Compiles or loads every kernel of args' configuration (ratio, head_dim, coff, dtype, layout,
- * and in version 2 tail_flags and rope_dim) for `device`, and with any nonzero stride field the
+ * and from version 2 tail_flags and rope_dim) for `device`, and with any nonzero stride field the
  * kernels of THD calls with row strides too; the other fields are not read. */
 CSA_API int csa_prewarm_ex(const csa_compressor_args* args, int device);
 

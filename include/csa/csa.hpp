@@ -175,6 +175,11 @@ struct ForwardArgs {
   // values, each row's (mean(x²) + eps)^-1/2.
   Tail tail;
   float* rstd = nullptr;
+  // The long-window family's tail (ratio > 16): optional, (total_comp, head_dim) fp32 dense,
+  // 16-byte aligned, receives the pooled rows before the tail, which that family's backward
+  // reads (BackwardArgs::pooled). Without it the forward keeps them in scratch memory.
+  // Must be null otherwise.
+  float* pooled = nullptr;
 };
 
 struct BackwardArgs {
@@ -203,6 +208,9 @@ struct BackwardArgs {
   // accumulating, like grad_ape.
   Tail tail;
   float* grad_norm_weight = nullptr;
+  // The long-window family's tail with the norm: the pooled rows the forward wrote to
+  // ForwardArgs::pooled (required there; must be null otherwise).
+  const float* pooled = nullptr;
 };
 
 struct CSA_API RuntimeOptions {

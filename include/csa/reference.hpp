@@ -48,6 +48,13 @@ CSA_API void backward_fp64(const HostProblem& problem, const void* grad_out, dou
 CSA_API void tail_forward_fp32(const HostProblem& problem, const Tail& tail, void* y,
                                float* rstd = nullptr);
 CSA_API void tail_forward_fp64(const HostProblem& problem, const Tail& tail, double* y);
+// The pooling's rows in fp32 before any rounding (total_comp * head_dim floats), and the tail
+// alone over given fp32 pooled rows (y and rstd as tail_forward_fp32): with the long-window
+// family's pooled rows (ForwardArgs::pooled) they compare the tail's stages apart from the
+// pooling's exp, whose CPU and GPU forms differ in the last place.
+CSA_API void pooled_fp32(const HostProblem& problem, float* pooled);
+CSA_API void tail_rows_fp32(const HostProblem& problem, const Tail& tail, const float* pooled,
+                            void* y, float* rstd = nullptr);
 
 // Backward from grad_y (total_comp * head_dim of config.dtype) through the tail and the pooling:
 // grad_kv, grad_score, grad_ape as backward_fp32, and grad_w (head_dim, fp32; needed with the

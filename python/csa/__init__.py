@@ -81,7 +81,7 @@ def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor
             rope_dim is not None):
         spec = _tail.tail_spec(shape.head_dim, ratio, kv.device, norm_weight, eps, rope_cos,
                                rope_sin, rope_dim, rope_interleaved, hadamard)
-        y, _ = torch.ops.csa.compress_tail_forward(
+        y, _, _ = torch.ops.csa.compress_tail_forward(
             kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight, rope_cos, rope_sin, ratio,
             coff, total_comp, spec.eps, spec.rope_dim, spec.rope_interleaved, spec.hadamard)
         return y

@@ -114,6 +114,8 @@ class CompressorArgs(ctypes.Structure):
         ("tail_flags", _U32), ("rope_dim", _I32), ("eps", ctypes.c_float), ("reserved2", _I32),
         ("rope_max_blocks", _I64), ("norm_weight", _P), ("rope_cos", _P), ("rope_sin", _P),
         ("rstd", _P), ("grad_norm_weight", _P),
+        # version 3: the long-window family's pooled rows
+        ("pooled", _P),
     ]
 
 
@@ -121,8 +123,10 @@ class CompressorArgs(ctypes.Structure):
 # they run unchanged against a library of either version.
 ARGS_SIZE = CompressorArgs.grad_ape.offset + ctypes.sizeof(ctypes.c_void_p)
 assert ARGS_SIZE == 192, "csa_compressor_args changed: CSA_COMPRESSOR_ARGS_SIZE_V1 is 192"
-ARGS_SIZE_V2 = ctypes.sizeof(CompressorArgs)
+ARGS_SIZE_V2 = CompressorArgs.pooled.offset
 assert ARGS_SIZE_V2 == 256, "csa_compressor_args changed: CSA_COMPRESSOR_ARGS_SIZE_V2 is 256"
+ARGS_SIZE_V3 = ctypes.sizeof(CompressorArgs)
+assert ARGS_SIZE_V3 == 264, "csa_compressor_args changed: CSA_COMPRESSOR_ARGS_SIZE_V3 is 264"
 TAIL_NORM = 1
 TAIL_NORM_WEIGHT_BF16 = 2
 TAIL_ROPE_HALF_SPLIT = 4

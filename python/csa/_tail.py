@@ -1,6 +1,6 @@
 """The fused tail after the pooling (RMSNorm, RoPE, Hadamard) as torch ops:
 ``torch.ops.csa.compress_tail_forward`` / ``compress_tail_backward``, CUDA implementations over
-the version-2 C ABI, fake implementations and autograd (kv, score, ape and the norm weight)."""
+the version-3 C ABI, fake implementations and autograd (kv, score, ape and the norm weight)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ def _table(name: str, t: object, half: Optional[int], device: torch.device) -> T
     return t
 
 
+def keeps_pooled(ratio: int, spec: TailSpec) -> bool:
+    """Whether the forward returns the pooled rows: the long-window family's (ratio > 16) tail
+    backward reads them with the norm."""
+    return ratio > SHORT_WINDOW_MAX_RATIO and spec.norm
+
+
 def tail_spec(head_dim: int, ratio: int, device: torch.device, norm_weight: object, eps: object,
               rope_cos: object, rope_sin: object, rope_dim: object, rope_interleaved: object,
               hadamard: object) -> TailSpec:
@@ -102,10 +108,13 @@ def tail_spec(head_dim: int, ratio: int, device: torch.device, norm_weight: obje
         raise TypeError(f"hadamard must be a bool, got {type(hadamard).__name__}")
     if hadamard and head_dim & (head_dim - 1):
         raise ValueError(f"hadamard needs a power-of-two head_dim, got {head_dim}")
+    power_of_two = head_dim & (head_dim - 1) == 0
     if ratio > SHORT_WINDOW_MAX_RATIO:
-        raise ValueError(f"the fused tail is served up to ratio {SHORT_WINDOW_MAX_RATIO}, not "
-                         f"{ratio}")
-    if head_dim > TAIL_MAX_HEAD_DIM or not (head_dim & (head_dim - 1) == 0 or head_dim % 32 == 0):
+        if head_dim > TAIL_MAX_HEAD_DIM or not power_of_two:
+            raise ValueError(f"the fused tail at ratio {ratio} (the long-window family) needs "
+                             f"head_dim a power of two, at most {TAIL_MAX_HEAD_DIM}, got "
+                             f"{head_dim}")
+    elif head_dim > TAIL_MAX_HEAD_DIM or not (power_of_two or head_dim % 32 == 0):
         raise ValueError(f"the fused tail needs head_dim a power of two or a multiple of 32, at "
                          f"most {TAIL_MAX_HEAD_DIM}, got {head_dim}")
     return TailSpec(norm, weight_bf16, float(eps), dim, rope_interleaved, hadamard)
@@ -116,7 +125,7 @@ def _tail_args(shape: _checks.Shape, spec: TailSpec, ratio: int, coff: int, tota
                cu_seqlens_comp: Optional[Tensor], norm_weight: Optional[Tensor],
                rope_cos: Optional[Tensor], rope_sin: Optional[Tensor]) -> _lib.CompressorArgs:
     a = _ops._args(shape, ratio, coff, total_comp, kv, score, ape, cu_seqlens, cu_seqlens_comp)
-    a.struct_size = _lib.ARGS_SIZE_V2
+    a.struct_size = _lib.ARGS_SIZE_V3
     a.tail_flags = spec.flags()
     a.rope_dim = spec.rope_dim
     a.eps = spec.eps
@@ -128,13 +137,30 @@ def _tail_args(shape: _checks.Shape, spec: TailSpec, ratio: int, coff: int, tota
     return a
 
 
+def _check_pooled(pooled: object, total_comp: int, head_dim: int, device: torch.device) -> None:
+    if not isinstance(pooled, Tensor):
+        raise TypeError(f"pooled must be the forward's pooled rows (a torch.Tensor) at ratio > "
+                        f"{SHORT_WINDOW_MAX_RATIO} with the norm, got {type(pooled).__name__}")
+    if pooled.dtype != torch.float32:
+        raise TypeError(f"pooled must be float32, got {pooled.dtype}")
+    if tuple(pooled.shape) != (total_comp, head_dim):
+        raise ValueError(f"pooled must be ({total_comp}, {head_dim}) (total_comp, head_dim), got "
+                         f"{tuple(pooled.shape)}")
+    if pooled.device != device:
+        raise ValueError(f"pooled is on {pooled.device} but kv is on {device}")
+    if not pooled.is_contiguous():
+        raise ValueError("pooled must be contiguous")
+
+
 def tail_forward_impl(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor],
                       cu_seqlens_comp: Optional[Tensor], norm_weight: Optional[Tensor],
                       rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], ratio: int,
                       coff: int, total_comp: int, eps: float, rope_dim: int,
                       rope_interleaved: bool, hadamard: bool,
-                      launch: bool = True) -> tuple[Tensor, Tensor]:
-    """``(y, rstd)``; rstd is ``(total_comp,)`` fp32 with the norm, else empty."""
+                      launch: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """``(y, rstd, pooled)``; rstd is ``(total_comp,)`` fp32 with the norm, else empty; pooled
+    the ``(total_comp, head_dim)`` fp32 rows before the tail where the backward reads them
+    (keeps_pooled), else empty."""
     shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
     _checks.total_comp(total_comp)
     if shape.sbhd:
@@ -143,23 +169,28 @@ def tail_forward_impl(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Option
                      rope_dim or None, rope_interleaved, hadamard)
     y = kv.new_empty(_checks.out_shape(shape, total_comp))
     rstd = kv.new_empty((total_comp if spec.norm else 0,), dtype=torch.float32)
+    keep = keeps_pooled(ratio, spec)
+    pooled = kv.new_empty((total_comp, shape.head_dim) if keep else (0,), dtype=torch.float32)
     if not launch or total_comp == 0 or not kv.is_cuda:
-        return y, rstd
+        return y, rstd, pooled
     a = _tail_args(shape, spec, ratio, coff, total_comp, kv, score, ape, cu_seqlens,
                    cu_seqlens_comp, norm_weight, rope_cos, rope_sin)
     a.out = y.data_ptr()
     if spec.norm:
         a.rstd = rstd.data_ptr()
+    if keep:
+        a.pooled = pooled.data_ptr()
     _checks.aligned({"kv": a.kv, "score": a.score, "ape": a.ape},
                     _ops._offsets(cu_seqlens, cu_seqlens_comp))
     _ops._launch(kv.device.index, "csa_compressor_forward_ex", ctypes.byref(a))
-    return y, rstd
+    return y, rstd, pooled
 
 
 def tail_backward_impl(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
                        cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor],
                        norm_weight: Optional[Tensor], rope_cos: Optional[Tensor],
-                       rope_sin: Optional[Tensor], ratio: int, coff: int, eps: float,
+                       rope_sin: Optional[Tensor], pooled: Optional[Tensor], ratio: int,
+                       coff: int, eps: float,
                        rope_dim: int, rope_interleaved: bool, hadamard: bool,
                        deterministic: bool,
                        launch: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -173,6 +204,8 @@ def tail_backward_impl(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
     else:
         total_comp = grad_y.shape[0] if isinstance(grad_y, Tensor) and grad_y.dim() else 0
     _checks.grad_out(grad_y, shape, total_comp, kv.device)
+    if keeps_pooled(ratio, spec):
+        _check_pooled(pooled, total_comp, shape.head_dim, kv.device)
     grad_kv = kv.new_empty(kv.shape)
     grad_score = score.new_empty(score.shape)
     grad_ape = torch.empty_like(ape)
@@ -185,6 +218,8 @@ def tail_backward_impl(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
     a.grad_score, a.grad_ape = grad_score.data_ptr(), grad_ape.data_ptr()
     if spec.norm:
         a.grad_norm_weight = grad_w.data_ptr()
+    if keeps_pooled(ratio, spec) and pooled is not None:
+        a.pooled = pooled.data_ptr()
     a.flags = _lib.DETERMINISTIC if deterministic else 0
     _checks.aligned({"kv": a.kv, "score": a.score, "ape": a.ape, "grad_out": a.grad_out},
                     _ops._offsets(cu_seqlens, cu_seqlens_comp))
@@ -197,9 +232,11 @@ def compress_tail_forward(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Op
                           cu_seqlens_comp: Optional[Tensor], norm_weight: Optional[Tensor],
                           rope_cos: Optional[Tensor], rope_sin: Optional[Tensor], ratio: int,
                           coff: int, total_comp: int, eps: float, rope_dim: int,
-                          rope_interleaved: bool, hadamard: bool) -> tuple[Tensor, Tensor]:
-    """``(y, rstd)``: the pooled rows through RMSNorm, RoPE and the Hadamard transform (each
-    optional), as :func:`csa.compress` returns them, and each row's rstd with the norm."""
+                          rope_interleaved: bool,
+                          hadamard: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(y, rstd, pooled)``: the pooled rows through RMSNorm, RoPE and the Hadamard transform
+    (each optional), as :func:`csa.compress` returns them, each row's rstd with the norm, and
+    at ratio > 16 with the norm the fp32 pooled rows the backward reads (else empty)."""
     return tail_forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight, rope_cos,
                              rope_sin, ratio, coff, total_comp, eps, rope_dim, rope_interleaved,
                              hadamard)
@@ -211,7 +248,8 @@ def _compress_tail_forward_fake(kv: Tensor, score: Tensor, ape: Tensor,
                                 norm_weight: Optional[Tensor], rope_cos: Optional[Tensor],
                                 rope_sin: Optional[Tensor], ratio: int, coff: int,
                                 total_comp: int, eps: float, rope_dim: int,
-                                rope_interleaved: bool, hadamard: bool) -> tuple[Tensor, Tensor]:
+                                rope_interleaved: bool,
+                                hadamard: bool) -> tuple[Tensor, Tensor, Tensor]:
     return tail_forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight, rope_cos,
                              rope_sin, ratio, coff, total_comp, eps, rope_dim, rope_interleaved,
                              hadamard, launch=False)
@@ -221,43 +259,47 @@ def _compress_tail_forward_fake(kv: Tensor, score: Tensor, ape: Tensor,
 def compress_tail_backward(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
                            cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor],
                            norm_weight: Optional[Tensor], rope_cos: Optional[Tensor],
-                           rope_sin: Optional[Tensor], ratio: int, coff: int, eps: float,
+                           rope_sin: Optional[Tensor], pooled: Optional[Tensor], ratio: int,
+                           coff: int, eps: float,
                            rope_dim: int, rope_interleaved: bool, hadamard: bool,
                            deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(grad_kv, grad_score, grad_ape, grad_w)`` from grad_y (grad_w: fp32, empty without
-    the norm)."""
+    the norm); pooled: the forward's third output (read at ratio > 16 with the norm)."""
     return tail_backward_impl(grad_y, kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight,
-                              rope_cos, rope_sin, ratio, coff, eps, rope_dim, rope_interleaved,
-                              hadamard, deterministic)
+                              rope_cos, rope_sin, pooled, ratio, coff, eps, rope_dim,
+                              rope_interleaved, hadamard, deterministic)
 
 
 @compress_tail_backward.register_fake
 def _compress_tail_backward_fake(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
                                  cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor],
                                  norm_weight: Optional[Tensor], rope_cos: Optional[Tensor],
-                                 rope_sin: Optional[Tensor], ratio: int, coff: int, eps: float,
+                                 rope_sin: Optional[Tensor], pooled: Optional[Tensor],
+                                 ratio: int, coff: int, eps: float,
                                  rope_dim: int, rope_interleaved: bool, hadamard: bool,
                                  deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return tail_backward_impl(grad_y, kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight,
-                              rope_cos, rope_sin, ratio, coff, eps, rope_dim, rope_interleaved,
-                              hadamard, deterministic, launch=False)
+                              rope_cos, rope_sin, pooled, ratio, coff, eps, rope_dim,
+                              rope_interleaved, hadamard, deterministic, launch=False)
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple[object, ...],
-                   output: tuple[Tensor, Tensor]) -> None:
+                   output: tuple[Tensor, Tensor, Tensor]) -> None:
     (kv, score, ape, cu, cuc, weight, cos, sin, ratio, coff, _, eps, rope_dim, interleaved,
      hadamard) = inputs
-    ctx.save_for_backward(kv, score, ape, cu, cuc, weight, cos, sin)
+    ctx.save_for_backward(kv, score, ape, cu, cuc, weight, cos, sin, output[2])
     ctx.options = (ratio, coff, eps, rope_dim, interleaved, hadamard)
-    ctx.mark_non_differentiable(output[1])  # rstd: a saved value, not a result to train on
+    # rstd and the pooled rows: saved values, not results to train on
+    ctx.mark_non_differentiable(output[1], output[2])
 
 
 def _backward(ctx: torch.autograd.function.FunctionCtx, grad_y: Tensor,
-              _grad_rstd: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
-    kv, score, ape, cu, cuc, weight, cos, sin = ctx.saved_tensors
+              _grad_rstd: Optional[Tensor],
+              _grad_pooled: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    kv, score, ape, cu, cuc, weight, cos, sin, pooled = ctx.saved_tensors
     ratio, coff, eps, rope_dim, interleaved, hadamard = ctx.options
     grad_kv, grad_score, grad_ape, grad_w = torch.ops.csa.compress_tail_backward(
-        grad_y.contiguous(), kv, score, ape, cu, cuc, weight, cos, sin, ratio, coff, eps,
+        grad_y.contiguous(), kv, score, ape, cu, cuc, weight, cos, sin, pooled, ratio, coff, eps,
         rope_dim, interleaved, hadamard, torch.are_deterministic_algorithms_enabled())
     grad_weight = grad_w.to(weight.dtype) if weight is not None else None
     return (grad_kv, grad_score, grad_ape, None, None, grad_weight) + (None,) * 9

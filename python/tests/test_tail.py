@@ -32,8 +32,10 @@ def meta_inputs(ratio: int = 4, coff: int = 2, d: int = 128, rows: int = 16):
 def test_tail_ops_are_registered_with_their_schemas() -> None:
     fwd = str(torch.ops.csa.compress_tail_forward.default._schema)
     bwd = str(torch.ops.csa.compress_tail_backward.default._schema)
-    assert "Tensor? norm_weight" in fwd and "bool hadamard" in fwd and "-> (Tensor, Tensor)" in fwd
-    assert "bool deterministic" in bwd and "-> (Tensor, Tensor, Tensor, Tensor)" in bwd
+    assert "Tensor? norm_weight" in fwd and "bool hadamard" in fwd
+    assert "-> (Tensor, Tensor, Tensor)" in fwd
+    assert "Tensor? pooled" in bwd and "bool deterministic" in bwd
+    assert "-> (Tensor, Tensor, Tensor, Tensor)" in bwd
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
@@ -54,6 +56,27 @@ def test_meta_shapes_and_backward_reach_every_input(weight_dtype: torch.dtype) -
     fwd = torch.ops.csa.compress_tail_forward(kv, score, ape, cu, cuc, w, None, None, 4, 2, 16,
                                               1e-6, 0, True, False)
     assert fwd[1].shape == (16,) and fwd[1].dtype == torch.float32  # rstd
+    assert fwd[2].shape == (0,)  # the short-window family keeps no pooled rows
+
+
+def test_long_window_tail_keeps_the_pooled_rows_for_its_backward() -> None:
+    kv, score, ape, cu, cuc, w, cos, sin = meta_inputs(ratio=32, coff=1, d=128, rows=4)
+    y = csa.compress(kv, score, ape, cu, cuc, ratio=32, coff=1, total_comp=4, norm_weight=w,
+                     rope_cos=cos, rope_sin=sin)
+    assert y.shape == (4, 128)
+    y.backward(torch.ones_like(y))
+    assert kv.grad.shape == kv.shape and w.grad.shape == (128,)
+    fwd = torch.ops.csa.compress_tail_forward(kv, score, ape, cu, cuc, w, None, None, 32, 1, 4,
+                                              1e-6, 0, True, False)
+    assert fwd[2].shape == (4, 128) and fwd[2].dtype == torch.float32  # pooled
+    g = torch.empty(4, 128, device=META, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="pooled must be the forward's pooled rows"):
+        torch.ops.csa.compress_tail_backward(g, kv, score, ape, cu, cuc, w, None, None, None, 32,
+                                             1, 1e-6, 0, True, False, False)
+    with pytest.raises(ValueError, match="pooled must be \\(4, 128\\)"):
+        torch.ops.csa.compress_tail_backward(g, kv, score, ape, cu, cuc, w, None, None,
+                                             torch.empty(3, 128, device=META), 32, 1, 1e-6, 0,
+                                             True, False, False)
 
 
 def test_compile_traces_forward_and_backward_in_one_frame() -> None:
@@ -97,9 +120,10 @@ def test_every_tail_argument_is_checked_naming_it(edit: dict, error: type, match
 
 
 def test_tails_the_kernels_do_not_serve_are_refused() -> None:
-    kv, score, ape, cu, cuc, w, _, _ = meta_inputs(ratio=32, coff=1, d=128, rows=4)
-    with pytest.raises(ValueError, match="served up to ratio 16"):
-        csa.compress(kv, score, ape, cu, cuc, ratio=32, coff=1, total_comp=4, norm_weight=w)
+    kv, score, ape, cu, cuc, _, _, _ = meta_inputs(ratio=32, coff=1, d=96, rows=4)
+    with pytest.raises(ValueError, match="the long-window family\\) needs head_dim a power of two"):
+        csa.compress(kv, score, ape, cu, cuc, ratio=32, coff=1, total_comp=4,
+                     norm_weight=torch.empty(96, device=META))
     kv, score, ape, cu, cuc, _, _, _ = meta_inputs(d=96)
     with pytest.raises(ValueError, match="hadamard needs a power-of-two head_dim"):
         csa.compress(kv, score, ape, cu, cuc, ratio=4, coff=2, total_comp=16, hadamard=True)
@@ -118,6 +142,9 @@ TAILS = [
     (4, 2, 128, dict(norm=True, rope_dim=64, hadamard=True)),
     (2, 2, 128, dict(norm=True, rope_dim=64, hadamard=True)),
     (4, 1, 128, dict(norm=False, rope_dim=32, interleaved=False)),
+    # the long-window family (ratio > 16)
+    (128, 1, 512, dict(norm=True, rope_dim=64)),
+    (32, 2, 128, dict(norm=True, rope_dim=64, hadamard=True)),
 ]
 
 
@@ -141,8 +168,9 @@ def rel_max(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_forward_and_gradients_match_the_fp32_chain(ratio: int, coff: int, d: int,
                                                     tail: dict) -> None:
     s = seed()
-    p = make_pack(ratio, coff, d, ragged_lens(ratio) + [1000], seed_value=s)
-    max_blocks = 1100 // ratio
+    lens = ragged_lens(ratio) + [1000]
+    p = make_pack(ratio, coff, d, lens, seed_value=s)
+    max_blocks = max(lens) // ratio + 1  # a table row for every block
     w, cos, sin = tail_tensors(d, max_blocks, tail.get("norm", False), tail.get("rope_dim", 0),
                                s)
     opts = dict(eps=1e-6, rope_cos=cos, rope_sin=sin,
@@ -205,7 +233,7 @@ def test_opcheck_compile_graphs_and_determinism() -> None:
     torch.library.opcheck(torch.ops.csa.compress_tail_forward.default, args)
     g = torch.randn(p.total_comp, 128, device="cuda").to(torch.bfloat16)
     det = (g, p.kv.detach(), p.score.detach(), p.ape.detach(), p.cu_seqlens, p.cu_seqlens_comp,
-           w.detach(), cos, sin, 4, 2, 1e-6, 64, True, True, True)
+           w.detach(), cos, sin, None, 4, 2, 1e-6, 64, True, True, True)
     torch.library.opcheck(torch.ops.csa.compress_tail_backward.default, det)
     runs = [torch.ops.csa.compress_tail_backward(*det) for _ in range(3)]
     for r in runs[1:]:
@@ -231,13 +259,13 @@ def test_opcheck_compile_graphs_and_determinism() -> None:
         *static, p.cu_seqlens, p.cu_seqlens_comp, wg, cos, sin, 4, 2, p.total_comp, 1e-6, 64,
         True, True)
     bwd = lambda: torch.ops.csa.compress_tail_backward(  # noqa: E731
-        g, *static, p.cu_seqlens, p.cu_seqlens_comp, wg, cos, sin, 4, 2, 1e-6, 64, True, True,
-        False)
+        g, *static, p.cu_seqlens, p.cu_seqlens_comp, wg, cos, sin, None, 4, 2, 1e-6, 64, True,
+        True, False)
     fwd(), bwd()  # warm the kernels and the allocator
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y_g, _ = fwd()
+        y_g, _, _ = fwd()
         grads_g = bwd()
     p.cu_seqlens.copy_(torch.tensor([0, 20, 64, 67, 404], dtype=torch.int32, device="cuda"))
     p.cu_seqlens_comp.copy_(torch.tensor([0, 5, 16, 16, 100], dtype=torch.int32, device="cuda"))
@@ -245,4 +273,37 @@ def test_opcheck_compile_graphs_and_determinism() -> None:
     torch.cuda.synchronize()
     assert torch.equal(y_g, fwd()[0])
     for a, b in zip(grads_g, bwd()):
+        assert torch.equal(a, b)
+
+
+@gpu
+def test_long_window_tail_opcheck_graphs_and_determinism() -> None:
+    # ratio 128: the forward's column slices meet at each row's last one; the backward reads
+    # the pooled rows the forward returned.
+    s = seed()
+    p = make_pack(128, 1, 512, [1000, 0, 300, 2047], seed_value=s)
+    w, cos, sin = tail_tensors(512, 32, True, 64, s)
+    args = (p.kv, p.score, p.ape, p.cu_seqlens, p.cu_seqlens_comp, w, cos, sin, 128, 1,
+            p.total_comp, 1e-6, 64, True, False)
+    torch.library.opcheck(torch.ops.csa.compress_tail_forward.default, args)
+    y, rstd, pooled = torch.ops.csa.compress_tail_forward(*args)
+    assert pooled.shape == (p.total_comp, 512)
+    g = torch.randn(p.total_comp, 512, device="cuda").to(torch.bfloat16)
+    det = (g, p.kv, p.score, p.ape, p.cu_seqlens, p.cu_seqlens_comp, w, cos, sin, pooled, 128,
+           1, 1e-6, 64, True, False, True)
+    torch.library.opcheck(torch.ops.csa.compress_tail_backward.default, det)
+    runs = [torch.ops.csa.compress_tail_backward(*det) for _ in range(3)]
+    for r in runs[1:]:
+        for a, b in zip(runs[0], r):
+            assert torch.equal(a, b), "not bitwise run to run"
+    csa.prewarm(ratio=128, coff=1, head_dim=512)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        y_g, _, pooled_g = torch.ops.csa.compress_tail_forward(*args)
+        grads_g = torch.ops.csa.compress_tail_backward(*det[:9], pooled_g, *det[10:])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_g, y) and torch.equal(pooled_g, pooled)
+    for a, b in zip(grads_g, runs[0]):
         assert torch.equal(a, b)

@@ -32,10 +32,12 @@ int guarded(Fn&& fn) {
   }
 }
 
-static_assert(sizeof(csa_compressor_args) == CSA_COMPRESSOR_ARGS_SIZE_V2,
+static_assert(sizeof(csa_compressor_args) == CSA_COMPRESSOR_ARGS_SIZE_V3,
               "csa_compressor_args: a field was added without a new version size");
 static_assert(offsetof(csa_compressor_args, tail_flags) == CSA_COMPRESSOR_ARGS_SIZE_V1,
               "csa_compressor_args: version 2 must begin where version 1 ends");
+static_assert(offsetof(csa_compressor_args, pooled) == CSA_COMPRESSOR_ARGS_SIZE_V2,
+              "csa_compressor_args: version 3 must begin where version 2 ends");
 
 constexpr std::uint32_t kKnownTailFlags =
     CSA_TAIL_NORM | CSA_TAIL_NORM_WEIGHT_BF16 | CSA_TAIL_ROPE_HALF_SPLIT | CSA_TAIL_HADAMARD;
@@ -45,12 +47,14 @@ constexpr std::uint32_t kKnownTailFlags =
 csa_compressor_args checked_args(const csa_compressor_args* args) {
   if (args == nullptr) csa::fail(csa::Status::kInvalidArgument, "args is null");
   const std::uint64_t size = args->struct_size;
-  if (size != CSA_COMPRESSOR_ARGS_SIZE_V1 && size != CSA_COMPRESSOR_ARGS_SIZE_V2) {
+  if (size != CSA_COMPRESSOR_ARGS_SIZE_V1 && size != CSA_COMPRESSOR_ARGS_SIZE_V2 &&
+      size != CSA_COMPRESSOR_ARGS_SIZE_V3) {
     csa::fail(csa::Status::kInvalidArgument,
-              "args->struct_size is {}: this library (csa {}) knows struct_size {} (version 1) "
-              "and {} (version 2, sizeof(csa_compressor_args) of its csa.h); rebuild against "
-              "the csa.h of the library you load",
-              size, csa::version(), CSA_COMPRESSOR_ARGS_SIZE_V1, CSA_COMPRESSOR_ARGS_SIZE_V2);
+              "args->struct_size is {}: this library (csa {}) knows struct_size {} (version 1), "
+              "{} (version 2) and {} (version 3, sizeof(csa_compressor_args) of its csa.h); "
+              "rebuild against the csa.h of the library you load",
+              size, csa::version(), CSA_COMPRESSOR_ARGS_SIZE_V1, CSA_COMPRESSOR_ARGS_SIZE_V2,
+              CSA_COMPRESSOR_ARGS_SIZE_V3);
   }
   csa_compressor_args a{};
   std::memcpy(&a, args, static_cast<std::size_t>(size));
@@ -122,6 +126,7 @@ int csa_compressor_forward_ex(const csa_compressor_args* args, void* stream) {
     f.out_stride = a.out_stride;
     f.tail = tail_of(a);
     f.rstd = a.rstd;
+    f.pooled = a.pooled;
     if (a.grad_norm_weight != nullptr) {
       csa::fail(csa::Status::kInvalidArgument,
                 "args->grad_norm_weight is set: the forward writes out and rstd only");
@@ -147,6 +152,7 @@ int csa_compressor_backward_ex(const csa_compressor_args* args, void* stream) {
       csa::fail(csa::Status::kInvalidArgument, "args->rstd is set: it is a forward output");
     b.tail = tail_of(a);
     b.grad_norm_weight = a.grad_norm_weight;
+    b.pooled = a.pooled;
     csa::backward(b, static_cast<csa::Stream>(stream));
   });
 }

@@ -190,12 +190,14 @@ ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
   for (const auto& b : backward) add_long_window_kernel(m, b, Direction::kBackward);
   auto& slots = spec.slots.long_window;
   slots.ape_reduce = m.add(kt::kApeReduce, kApeReduceLanes);
-  if ((static_cast<long long>(c.ratio) * c.coff * c.head_dim) % 4 == 0) {
+  // The tail's reduction also writes grad_w: the scalar one (backward_long).
+  if (!c.tail.any() && (static_cast<long long>(c.ratio) * c.coff * c.head_dim) % 4 == 0) {
     for (std::size_t i = 0; i < kApeReduceQuadLanes.size(); ++i)
       slots.ape_reduce_quads[i] = m.add(kt::kApeReduceQuads, kApeReduceQuadLanes[i]);
   }
-  const std::string label = fmt::format("long-r{}-c{}-d{}-{}-{}", c.ratio, c.coff, c.head_dim,
-                                        io_label(c, kernel_layout), arch);
+  const std::string label =
+      fmt::format("long-r{}-c{}-d{}-{}-{}{}", c.ratio, c.coff, c.head_dim,
+                  io_label(c, kernel_layout), c.tail.any() ? tail_label(c.tail) + "-" : "", arch);
   return finish(std::move(spec), m, label, arch, options);
 }
 

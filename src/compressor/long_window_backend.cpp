@@ -124,6 +124,33 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   params.prefetch_early =
       schedule::forward_prefetches_early(shape.grid_x, p.device.sm_count, b.resident_ctas) ? 1 : 0;
   set_block(shape, b, p.programmatic);
+  // The tail (kernels/long_window_tail.cuh): the pooled rows (the caller's, else scratch) and,
+  // with more than one column slice, one zeroed arrival word per row.
+  std::optional<StreamScratch> graph_pooled, graph_words;  // under capture: the graph's memory
+  if (a.config.tail.any() && a.total_comp > 0) {
+    driver::Driver& d = driver();
+    const bool capturing = launch::is_capturing(d, stream);
+    if (a.pooled != nullptr) {
+      params.pooled = a.pooled;
+    } else {
+      const std::size_t bytes =
+          static_cast<std::size_t>(a.total_comp) * a.config.head_dim * sizeof(float);
+      CUdeviceptr pooled = scratch_.stream_workspace(stream, capturing, bytes);
+      if (pooled == 0) pooled = graph_pooled.emplace(d, bytes, stream).get();
+      params.pooled = device_ptr<float>(pooled);
+    }
+    if (slices > 1) {
+      // Claim words are 8 bytes; the arrival words 4.
+      const std::int64_t words8 = (a.total_comp + 1) / 2;
+      CUdeviceptr words = scratch_.claim_words(words8, capturing, stream);
+      if (words == 0) {  // captured with none left: the graph's own, zeroed in the graph
+        words = graph_words.emplace(d, static_cast<std::size_t>(words8) * 8, stream).get();
+        d.check(d.api().cuMemsetD32Async(words, 0, static_cast<std::size_t>(words8) * 2, stream),
+                "cuMemsetD32Async (the tail's arrival words)");
+      }
+      params.row_arrivals = device_ptr<unsigned>(words);
+    }
+  }
   launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
 }
 
@@ -137,9 +164,16 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   const auto grid =
       schedule::long_window_backward_grid(c, b.schedule, a.total_comp, p.device.sm_count,
                                           atomic ? b.resident_ctas : b.fixed_resident_ctas);
+  if (c.tail.norm && a.pooled == nullptr) {
+    fail(Status::kInvalidArgument,
+         "pooled is null but {} runs its tail's backward in the long-window family, which reads "
+         "the pooled rows its forward wrote (ForwardArgs::pooled)",
+         config_label(c));
+  }
   csa_kernel::BackwardParams params{};
   fill_inputs(params, a);
   fill_gradients(params, a);
+  params.pooled = a.pooled;
   params.rows_per_cta = grid.rows_per_cta;
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(grid.row_groups);
@@ -155,8 +189,11 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
     launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
     return;
   }
+  // The tail's grad_w partials follow grad_ape's in each row group's block.
+  const std::int64_t grad_w_elems = c.tail.norm ? c.head_dim : 0;
   const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
-                                      static_cast<std::size_t>(ape_elems) * sizeof(float);
+                                      static_cast<std::size_t>(ape_elems + grad_w_elems) *
+                                      sizeof(float);
   CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
@@ -170,7 +207,7 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   if (i == kApeReduceQuadLanes.size() || slots.ape_reduce_quads[i] < 0) {
     launch_ape_reduce(d, p.kernel(slots.ape_reduce), params.workspace, a, ape_elems,
                       grid.row_groups, {32, kApeReduceLanes, 1}, p.device.sm_count, p.programmatic,
-                      stream);
+                      stream, grad_w_elems);
     return;
   }
   const int lanes = kApeReduceQuadLanes[i];

@@ -106,7 +106,10 @@ std::shared_ptr<const schedule::ScheduleSet> Service::schedules() const {
 Family Service::resolve(const Config& config, Family family, const std::string& arch) const {
   check_family(config, family);
   if (family != Family::kAuto) return family;
-  if (config.tail.any()) return Family::kShortWindow;  // the tail's only family (check_family)
+  // A tail: the short-window family up to its ratios, the long-window one beyond (check_family).
+  if (config.tail.any())
+    return config.ratio > schedule::kShortWindowMaxRatio ? Family::kLongWindow
+                                                         : Family::kShortWindow;
   return schedules()->route(config, arch);
 }
 

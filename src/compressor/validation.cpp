@@ -193,19 +193,23 @@ void check_family(const Config& c, Family family) {
          c.ratio, c.coff, c.head_dim, schedule::kShortWindowMaxRatio);
   }
   if (c.tail.any()) {
-    // NOTE: the fused tail's forward is a policy of the short-window kernels only so far.
-    if (family != Family::kAuto && family != Family::kShortWindow) {
+    const bool long_window = family == Family::kLongWindow ||
+                             (family == Family::kAuto && c.ratio > schedule::kShortWindowMaxRatio);
+    if (family != Family::kAuto && family != Family::kShortWindow && !long_window) {
       fail(Status::kUnsupported,
-           "config.tail (the fused RMSNorm/RoPE/Hadamard) runs in the short-window family only; "
-           "call with Family::kAuto or Family::kShortWindow");
+           "config.tail (the fused RMSNorm/RoPE/Hadamard) runs in the short-window and "
+           "long-window families; call with Family::kAuto, kShortWindow or kLongWindow");
     }
-    if (c.ratio > schedule::kShortWindowMaxRatio) {
-      fail(Status::kUnsupported,
-           "config.tail (the fused RMSNorm/RoPE/Hadamard) is served up to ratio {} (the "
-           "short-window family), not ratio {}",
-           schedule::kShortWindowMaxRatio, c.ratio);
-    }
-    if (c.head_dim > csa_kernel::kTailMaxHeadDim || schedule::tail_vec(2, c.head_dim) == 0) {
+    if (long_window) {
+      // The row's last column slice runs the tail over whole rows of long_tail_vec columns a
+      // thread (kernels/long_window_tail.cuh).
+      if (c.head_dim > csa_kernel::kTailMaxHeadDim || (c.head_dim & (c.head_dim - 1)) != 0) {
+        fail(Status::kUnsupported,
+             "config.tail (the fused RMSNorm/RoPE/Hadamard) in the long-window family (ratio {}) "
+             "needs head_dim a power of two, at most {}, not {}",
+             c.ratio, csa_kernel::kTailMaxHeadDim, c.head_dim);
+      }
+    } else if (c.head_dim > csa_kernel::kTailMaxHeadDim || schedule::tail_vec(2, c.head_dim) == 0) {
       fail(Status::kUnsupported,
            "config.tail (the fused RMSNorm/RoPE/Hadamard) needs head_dim a power of two or a "
            "multiple of 32, at most {}, not {}",
@@ -279,6 +283,15 @@ Shape validate_inputs(const Args& a) {
 
 }  // namespace
 
+// The long-window tail's pooled rows: with a tail only; (total_comp, head_dim) fp32, dense.
+template <typename Args>
+void check_pooled(const Args& a, const char* name) {
+  if (a.pooled == nullptr) return;
+  if (!a.config.tail.any())
+    fail(Status::kInvalidArgument, "{} is set but config.tail has no stage (no tail)", name);
+  check_pointer(a.pooled, name, a.total_comp * a.config.head_dim, kDataAlign);
+}
+
 // The tail's tensors of a call: their rules, alignment and (SBHD) the tables' rows.
 template <typename Args>
 void check_tail_tensors(const Args& a) {
@@ -313,6 +326,7 @@ void validate_forward(const ForwardArgs& a) {
       fail(Status::kInvalidArgument, "rstd is set but config.tail.norm is false (no norm)");
     check_pointer(a.rstd, "rstd", a.total_comp, 4);
   }
+  check_pooled(a, "pooled");
 }
 
 void validate_backward(const BackwardArgs& a) {
@@ -343,6 +357,7 @@ void validate_backward(const BackwardArgs& a) {
   } else if (a.grad_norm_weight != nullptr) {
     fail(Status::kInvalidArgument, "grad_norm_weight is set but config.tail.norm is false");
   }
+  check_pooled(a, "pooled");
 }
 
 bool dense(std::int64_t stride, std::int64_t width) {

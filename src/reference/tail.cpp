@@ -1,6 +1,7 @@
 // CPU references of the pooling followed by its tail (RMSNorm, RoPE, Hadamard), forward and
 // backward, each stage in T = float (the reference) or double (the oracle) in the order the
 // user guide writes down. NOTE: compiled with -ffp-contract=off, as reference.cpp.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -170,6 +171,30 @@ void tail_forward_fp32(const HostProblem& problem, const Tail& tail, void* y, fl
   std::vector<float> x, out;
   for (std::int64_t row = 0; row < problem.total_comp; ++row) {
     pooled_row<float>(problem, row, x);
+    const float r = tail_row<float>(problem, tail, row, x, out);
+    if (rstd != nullptr) rstd[row] = r;
+    for (int j = 0; j < d; ++j) store_element(y, problem.config.dtype, row * d + j, out[j]);
+  }
+}
+
+void pooled_fp32(const HostProblem& problem, float* pooled) {
+  const int d = problem.config.head_dim;
+  std::vector<float> x;
+  for (std::int64_t row = 0; row < problem.total_comp; ++row) {
+    pooled_row<float>(problem, row, x);
+    std::copy(x.begin(), x.end(), pooled + row * d);
+  }
+}
+
+void tail_rows_fp32(const HostProblem& problem, const Tail& tail, const float* pooled, void* y,
+                    float* rstd) {
+  check(problem, tail);
+  if (rstd != nullptr && !problem.config.tail.norm)
+    fail(Status::kInvalidArgument, "rstd is asked for without a norm (config.tail.norm is false)");
+  const int d = problem.config.head_dim;
+  std::vector<float> x(static_cast<std::size_t>(d)), out;
+  for (std::int64_t row = 0; row < problem.total_comp; ++row) {
+    std::copy(pooled + row * d, pooled + (row + 1) * d, x.begin());
     const float r = tail_row<float>(problem, tail, row, x, out);
     if (rstd != nullptr) rstd[row] = r;
     for (int j = 0; j < d; ++j) store_element(y, problem.config.dtype, row * d + j, out[j]);

@@ -1,5 +1,6 @@
 #include "schedule/long_window.hpp"
 
+#include "common/error.hpp"
 #include "common/parse.hpp"
 #include "csa_params.h"
 
@@ -55,6 +56,12 @@ int shared_limit_for_arch(const std::string& arch) {
 LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const std::string& arch,
                                    Direction direction) {
   s.kernel_direction = direction;
+  // A tail runs in the lanes form, its backward's grad_w in the fixed-order reduction
+  // (kernels/long_window_tail.cuh).
+  if (c.tail.any()) {
+    s.staged = false;
+    s.atomic_ape = false;
+  }
   while (s.vec > 1 && c.head_dim % s.vec != 0) s.vec /= 2;
   int ceiling = 1;
   while (ceiling < c.head_dim) ceiling *= 2;
@@ -108,10 +115,20 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // memory (24 B per thread and column, above) and the ring share the arch's limit.
   const int chunk = csa_kernel::chunk_elements(static_cast<int>(c.dtype));
   if (c.head_dim % chunk != 0 || s.cols < chunk) s.stages = 1;
-  const int static_bytes = s.threads * s.vec * smem_per_value;
+  // The tail's static shared memory: its rows (at most 8 floats a thread), the row sums and,
+  // backward, the pooled row's gradient.
+  const int tail_bytes = c.tail.any() ? s.threads * 8 * 4 + c.head_dim * 4 + 256 : 0;
+  const int static_bytes = s.threads * s.vec * smem_per_value + tail_bytes;
   while (s.stages > 1 &&
          static_bytes + long_window_shared_bytes(c, s) > shared_limit_for_arch(arch))
     --s.stages;
+  if (c.tail.any() && csa_kernel::long_tail_vec(c.head_dim, s.threads) == 0) {
+    fail(Status::kUnsupported,
+         "the tail's long-window {} schedule ({}) has {} threads, too few for head_dim {} "
+         "(whole rows of at most 8 columns a thread)",
+         direction == Direction::kForward ? "forward" : "backward", s.describe(), s.threads,
+         c.head_dim);
+  }
   return s;
 }
 

@@ -1,0 +1,144 @@
+// The tail epilogue (tail_epilogue.cuh) in the long-window family's lanes form, whose CTAs hold
+// a column slice of a row (forward) or of a row group (backward), never a whole row:
+//   forward:  every slice's CTA writes its fp32 pooled values to p.pooled and arrives at its
+//             row's word of p.row_arrivals; the row's last arrival reads the whole pooled row
+//             back from L2 and runs the tail over it with all its threads (long_tail_vec
+//             columns each), so y is written once, by one CTA, in one fixed order.
+//   backward: every CTA reads each of its rows' grad_y and the forward's pooled row whole and
+//             runs the tail's backward over it (the same op order as the short-window family),
+//             keeping the pooled row's gradient of its own columns in shared memory; its
+//             grad_w partial is the sum over its rows for its own columns.
+#pragma once
+#include "long_window_common.cuh"
+namespace csa_kernel {
+
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int THREADS>
+struct LongTail {
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  using Tail = typename IO::Store;
+  using E = typename IO::E;
+  static constexpr int VEC = long_tail_vec(HEAD_DIM, THREADS);
+  static_assert(VEC > 0, "the tail needs a CTA that whole rows' threads divide (long_tail_vec)");
+  static constexpr int NCV = HEAD_DIM / VEC;
+
+  static __device__ __forceinline__ int tid() {
+    return static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
+  }
+
+  // The arrival of this CTA at its row's word, releasing its pooled values (the CTA's barrier
+  // before it orders the other threads' stores) and, for the last one, acquiring the others'.
+  // Returns the count of arrivals before it.
+  static __device__ __forceinline__ unsigned arrive(unsigned* word) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
+                 : "l"(word)
+                 : "memory");
+    return before;
+  }
+
+  // Every thread of the CTA, after its last use of shared memory: `value` is this thread's
+  // pooled value of column `col` where `has_value`. SLICES: the row's column slices (CTAs).
+  template <int SLICES>
+  static __device__ __forceinline__ void forward(const ForwardParams& p, int row, int block,
+                                                 bool has_value, int col, float value) {
+    float* const pooled = p.pooled + static_cast<long long>(row) * HEAD_DIM;
+    if (has_value) pooled[col] = value;
+    const int t = tid();
+    const bool has_row = t < NCV;
+    const int c = (t % NCV) * VEC;
+    // The operands first, in every CTA: their L2 round trip overlaps the arrival's.
+    typename Tail::template Operands<VEC> op;
+    Tail::template read_operands<VEC, HEAD_DIM>(p, c, has_row ? block : 0, op);
+    __shared__ int last;
+    __syncthreads();  // every pooled value of this CTA written
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+      int is_last = 1;
+      if constexpr (SLICES > 1) {
+        is_last = arrive(p.row_arrivals + row) + 1 == SLICES;
+        if (is_last) p.row_arrivals[row] = 0u;  // for the next launch (after this grid's end)
+      }
+      last = is_last;
+    }
+    __syncthreads();
+    if (!last) return;
+    float x[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) x[v] = has_row ? __ldcg(pooled + c + v) : 0.0f;
+    Tail::template store_row_with<E, VEC, HEAD_DIM, THREADS>(
+        p, op, IO::out(p.out) + row * L::out_stride(p, p.out_stride) + c, row, c, has_row, x, t);
+  }
+
+  // A row's inputs of the backward for this thread's columns (zero for threads without a row):
+  // grad_y and, with the norm, the forward's pooled values; loaded a row ahead.
+  struct RowInputs {
+    float g[VEC];
+    float x[VEC];
+  };
+  static __device__ __forceinline__ void load(const BackwardParams& p, int row, RowInputs& in) {
+    const int t = tid();
+    const int c = (t % NCV) * VEC;
+    if (t < NCV) {
+      raw_to_f32<E, VEC>(
+          load_raw<E, VEC>(IO::in(p.grad_out) + row * L::out_stride(p, p.grad_out_stride) + c),
+          in.g);
+      if constexpr (Tail::kNorm) {
+        load_f32<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + c, in.x);
+        return;
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) in.g[v] = 0.0f;
+    }
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) in.x[v] = 0.0f;  // only the norm's backward reads the row
+  }
+
+  // The operands of this thread's columns at the row's block (issued early, used by backward).
+  static __device__ __forceinline__ void operands(const BackwardParams& p, int block,
+                                                  typename Tail::template Operands<VEC>& op) {
+    const int t = tid();
+    Tail::template read_operands<VEC, HEAD_DIM>(p, (t % NCV) * VEC, t < NCV ? block : 0, op);
+  }
+
+  // Every thread of the CTA, once per row (`parity` alternating): the pooled row's gradient
+  // of every column into gx[HEAD_DIM] (visible after the caller's next barrier), this
+  // thread's grad_w terms added into dw (threads without a row add zeros, never written out).
+  static __device__ __forceinline__ void backward(const BackwardParams& p, RowInputs& in,
+                                                  const typename Tail::template Operands<VEC>& op,
+                                                  int parity, float* gx, float (&dw)[VEC]) {
+    const int t = tid();
+    const int c = (t % NCV) * VEC;
+    Tail::template backward_row_with<VEC, HEAD_DIM, THREADS>(p, op, c, t, parity, in.x, in.g, dw);
+    if (t >= NCV) return;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) gx[c + v] = in.g[v];
+  }
+
+  // This CTA's grad_w partial (its row group, its columns [col0, col0 + cols)) at `dst`
+  // (the group's head_dim floats).
+  static __device__ __forceinline__ void write_grad_w(float* dst, int col0, int cols,
+                                                      const float (&dw)[VEC]) {
+    const int t = tid();
+    if (t >= NCV) return;
+    const int c = t * VEC;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v)
+      if (c + v >= col0 && c + v < col0 + cols) dst[c + v] = dw[v];
+  }
+};
+
+// LongTail's per-row state types where the kernel has a tail, empty ones where it has not (so
+// that a plain kernel never instantiates LongTail).
+template <bool ON, class LT>
+struct LongTailState {
+  struct Row {};
+  struct Operands {};
+};
+template <class LT>
+struct LongTailState<true, LT> {
+  using Row = typename LT::RowInputs;
+  using Operands = typename LT::Tail::template Operands<LT::VEC>;
+};
+
+}  // namespace csa_kernel
