@@ -381,6 +381,62 @@ TEST(ScheduleTable, EntriesKeyedOnElementTypeAndLayoutServeTheirCallsOnly) {
   expect_rejected(std::string(t).insert(at, R"("layout": "bshd", )"), "entries[0].layout");
 }
 
+// Entries keyed on a fused tail serve tail calls only: the exact tail over "any", "any" over
+// an unkeyed entry; plain calls never take a tail entry.
+TEST(ScheduleTable, EntriesKeyedOnATailServeTailCallsOnly) {
+  auto entry = [](const std::string& keys, int cols) {
+    return R"({"family": "long_window", "direction": "backward", "coff": 1, "head_dim": [1, 4096],
+               "ratio": [17, 256],)" +
+           keys + R"( "buckets": [{"max_rows": null, "vec": 2, "cols": )" + std::to_string(cols) +
+           R"(, "threads": 256, "serial": false, "fast_exp": true}]})";
+  };
+  const std::string table = R"({"schema_version": 1, "arch": "sm_90", "entries": [)" +
+                            entry(R"("tail": "norm+rope64",)", 16) + ", " +
+                            entry(R"("tail": "any",)", 8) + ", " + entry("", 64) + ", " +
+                            entry(R"("tail": "any", "dtype": "fp32",)", 4) + "]}";
+  auto set = schedule::ScheduleSet::embedded();
+  set.add(schedule::parse_schedule_table(table, "t.json"));
+  auto select = [&](const TailShape& tail, DType dtype) {
+    Config c{128, 512, 1};
+    c.dtype = dtype;
+    c.tail = tail;
+    return set.select(c, Direction::kBackward, 1000, "sm_90");
+  };
+  TailShape norm_rope;
+  norm_rope.norm = true;
+  norm_rope.rope_dim = 64;
+  TailShape norm_only;
+  norm_only.norm = true;
+  TailShape half = norm_rope;
+  half.rope_interleaved = false;
+  EXPECT_EQ(select(TailShape{}, DType::kBf16).schedule.cols, 64);
+  EXPECT_EQ(select(TailShape{}, DType::kF32).schedule.cols, 64);  // "any" needs a tail
+  EXPECT_EQ(select(norm_rope, DType::kBf16).schedule.cols, 16);
+  EXPECT_EQ(select(norm_only, DType::kBf16).schedule.cols, 8);
+  EXPECT_EQ(select(half, DType::kBf16).schedule.cols, 8);       // "norm+rope64-half" is not named
+  EXPECT_EQ(select(norm_rope, DType::kF32).schedule.cols, 16);  // the exact tail ranks first
+  EXPECT_EQ(select(norm_only, DType::kF32).schedule.cols, 4);
+  // The key survives a round trip; unkeyed entries stay unkeyed.
+  const auto again =
+      schedule::parse_schedule_table(schedule::to_json(*set.table_for("sm_90")), "round trip");
+  ASSERT_EQ(again.entries.size(), 4U);
+  EXPECT_EQ(again.entries[0].tail, std::optional<std::string>("norm+rope64"));
+  EXPECT_EQ(again.entries[1].tail, std::optional<std::string>("any"));
+  EXPECT_FALSE(again.entries[2].tail.has_value());
+  // A tail key that is not a tail name is refused by name.
+  std::string t = table_text();
+  const auto at = t.find("\"ratio\"");
+  expect_rejected(std::string(t).insert(at, R"("tail": "none", )"), "entries[0].tail");
+  expect_rejected(std::string(t).insert(at, R"("tail": "", )"), "entries[0].tail");
+  expect_rejected(std::string(t).insert(at, R"("tail": true, )"), "entries[0].tail");
+  expect_rejected(std::string(t).insert(at, R"("tail": "rope63", )"), "entries[0].tail");
+  expect_rejected(std::string(t).insert(at, R"("tail": "hadamard+norm", )"), "entries[0].tail");
+  expect_rejected(std::string(t).insert(at, R"("tail": "norm+", )"), "entries[0].tail");
+  expect_rejected(std::string(t).insert(at, R"("tail": "rmsnorm", )"), "entries[0].tail");
+  EXPECT_NO_THROW(schedule::parse_schedule_table(
+      std::string(t).insert(at, R"("tail": "norm-bf16+rope64-half+hadamard", )"), "t.json"));
+}
+
 TEST(KernelTemplates, NameExpressionsComeFromTheTemplateDescriptions) {
   namespace kt = compressor::kernel_templates;
   compressor::ModuleBuilder m("csa_kernel::Io<0,0,0>,4,2,128");

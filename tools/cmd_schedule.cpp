@@ -55,7 +55,8 @@ nlohmann::json choice_json(const ScheduleChoice& c, const std::string& direction
                   {"rows_min", c.rows_min},
                   {"rows_max", c.rows_max},
                   {"dtype", or_null(c.entry_dtype)},
-                  {"layout", or_null(c.entry_layout)}};
+                  {"layout", or_null(c.entry_layout)},
+                  {"tail", or_null(c.entry_tail)}};
   } else {
     j["table"] = nullptr;
   }
@@ -127,6 +128,7 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
         std::string keys;
         if (!choice.entry_dtype.empty()) keys += " " + choice.entry_dtype;
         if (!choice.entry_layout.empty()) keys += " " + choice.entry_layout;
+        if (!choice.entry_tail.empty()) keys += " tail=" + choice.entry_tail;
         where = fmt::format(
             "{} entries[{}].buckets[{}]{}, rows {}..{}", choice.table_source, choice.entry,
             choice.bucket, keys.empty() ? "" : " (the" + keys + " entry)", choice.rows_min,

@@ -137,6 +137,7 @@ struct ScheduleChoice {
   // every one.
   std::string entry_dtype;
   std::string entry_layout;
+  std::string entry_tail;  // the entry's "tail" key (a tail's name or "any"), else empty
   std::int64_t rows_min = 0;
   std::int64_t rows_max = -1;  // -1: unbounded
   std::string schedule;        // every launch parameter, "key=value ..."

@@ -86,10 +86,6 @@ void Runtime::set_schedule_table(std::string_view json_text, std::string_view so
       schedule::parse_schedule_table(json_text, std::string(source_name)));
 }
 
-std::string tail_name(const TailShape& tail) {
-  return compressor::tail_label(tail);
-}
-
 ScheduleChoice Runtime::select_schedule(const Config& config, Direction direction,
                                         std::int64_t rows, std::string_view arch) {
   const std::string a(arch);
@@ -131,6 +127,7 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     const schedule::TableEntry& e = t->entries[static_cast<std::size_t>(sel.entry)];
     if (e.dtype) choice.entry_dtype = dtype_name(*e.dtype);
     if (e.layout) choice.entry_layout = layout_name(*e.layout);
+    if (e.tail) choice.entry_tail = *e.tail;
   }
   choice.entry = sel.entry;
   choice.bucket = sel.bucket;

@@ -1,5 +1,9 @@
 #include "common/error.hpp"
 
+#include <fmt/format.h>
+
+#include <string>
+
 namespace csa {
 
 const char* dtype_name(DType dtype) noexcept {
@@ -22,6 +26,16 @@ const char* layout_name(Layout layout) noexcept {
       return "sbhd";
   }
   return "unknown";
+}
+
+std::string tail_name(const TailShape& t) {
+  if (!t.any()) return "none";
+  std::string out;
+  auto add = [&](const std::string& stage) { out += (out.empty() ? "" : "+") + stage; };
+  if (t.norm) add(t.norm_weight_dtype == DType::kBf16 ? "norm-bf16" : "norm");
+  if (t.rope()) add(fmt::format("rope{}{}", t.rope_dim, t.rope_interleaved ? "" : "-half"));
+  if (t.hadamard) add("hadamard");
+  return out;
 }
 
 const char* status_name(Status status) noexcept {

@@ -26,7 +26,7 @@ std::string config_label(const Config& c) {
   return fmt::format("ratio={} coff={} head_dim={} {} {}{}{}", c.ratio, c.coff, c.head_dim,
                      dtype_name(c.dtype), layout_name(c.layout),
                      c.strided && c.layout == Layout::kThd ? " strided" : "",
-                     c.tail.any() ? " tail=" + tail_label(c.tail) : "");
+                     c.tail.any() ? " tail=" + tail_name(c.tail) : "");
 }
 
 std::string prewarm_spec(const Config& c) {
@@ -68,16 +68,6 @@ int epilogue_code(const TailShape& t) {
   if (!t.any()) return csa_kernel::kEpilogueIdentity;
   return csa_kernel::tail_epilogue(t.norm, t.norm_weight_dtype == DType::kF32, t.rope_dim,
                                    t.rope_interleaved, t.hadamard);
-}
-
-std::string tail_label(const TailShape& t) {
-  if (!t.any()) return "none";
-  std::string out;
-  auto add = [&](const std::string& stage) { out += (out.empty() ? "" : "+") + stage; };
-  if (t.norm) add(t.norm_weight_dtype == DType::kBf16 ? "norm-bf16" : "norm");
-  if (t.rope()) add(fmt::format("rope{}{}", t.rope_dim, t.rope_interleaved ? "" : "-half"));
-  if (t.hadamard) add("hadamard");
-  return out;
 }
 
 std::string io_policy(const Config& c, int kernel_layout) {
@@ -157,7 +147,7 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
       slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
       const std::string label =
           fmt::format("short-r{}-c{}-d{}-{}-{}-{}", c.ratio, c.coff, c.head_dim,
-                      io_label(c, kernel_layout), tail_label(c.tail), arch);
+                      io_label(c, kernel_layout), tail_name(c.tail), arch);
       return finish(std::move(spec), m, label, arch, options);
     }
     slots.forward = m.add(kt::kShortWindowForward, s.forward_vec, s.forward_narrow_threads, 0);
@@ -197,7 +187,7 @@ ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
   }
   const std::string label =
       fmt::format("long-r{}-c{}-d{}-{}-{}{}", c.ratio, c.coff, c.head_dim,
-                  io_label(c, kernel_layout), c.tail.any() ? tail_label(c.tail) + "-" : "", arch);
+                  io_label(c, kernel_layout), c.tail.any() ? tail_name(c.tail) + "-" : "", arch);
   return finish(std::move(spec), m, label, arch, options);
 }
 

@@ -68,7 +68,6 @@ const char* kernel_layout_name(int kernel_layout);  // "thd", "thd-strided", "sb
 std::string io_policy(const Config& config, int kernel_layout);
 // The epilogue of a tail (csa_kernel::kEpilogueIdentity without one, else tail_epilogue's code).
 int epilogue_code(const TailShape& tail);
-std::string tail_label(const TailShape& tail);  // "norm+rope64+hadamard", "none"
 
 // `family` must be resolved (not kAuto).
 ModuleSpec make_module_spec(const Config& config, int kernel_layout, Family family,

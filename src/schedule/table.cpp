@@ -174,9 +174,52 @@ std::optional<T> optional_name(const json& object, const char* field, const Path
   (path / field).fail("must be one of {}", names);
 }
 
+// A tail as csa::tail_name prints it, stages in its order ("norm+rope64+hadamard"), or "any".
+std::string tail_key(const json& v, const Path& path) {
+  const auto fail = [&] {
+    path.fail(
+        "must name a tail as csa prints it (\"norm\" or \"norm-bf16\", \"rope<N>\" or "
+        "\"rope<N>-half\", \"hadamard\", joined by '+' in that order) or \"{}\"",
+        TableEntry::kAnyTail);
+  };
+  if (!v.is_string()) fail();
+  const std::string text = v.get<std::string>();
+  if (text == TableEntry::kAnyTail) return text;
+  TailShape tail;
+  std::size_t at = 0;
+  while (at <= text.size() && text.size() <= 64) {
+    const std::size_t end = std::min(text.find('+', at), text.size());
+    const std::string stage = text.substr(at, end - at);
+    if (stage == "norm" || stage == "norm-bf16") {
+      tail.norm = true;
+      tail.norm_weight_dtype = stage == "norm" ? DType::kF32 : DType::kBf16;
+    } else if (stage == "hadamard") {
+      tail.hadamard = true;
+    } else if (stage.rfind("rope", 0) == 0) {
+      std::string digits = stage.substr(4);
+      if (digits.size() > 5 && digits.compare(digits.size() - 5, 5, "-half") == 0) {
+        tail.rope_interleaved = false;
+        digits.resize(digits.size() - 5);
+      }
+      if (digits.empty() || digits.size() > 4 ||
+          !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        fail();
+      tail.rope_dim = std::stoi(digits);
+      if (tail.rope_dim <= 0 || tail.rope_dim % 2 != 0) fail();
+    } else {
+      fail();
+    }
+    at = end + 1;
+  }
+  // Canonical form only (no repeats, stages in order), so that a key is matched or refused.
+  if (!tail.any() || tail_name(tail) != text) fail();
+  return text;
+}
+
 TableEntry parse_entry(const json& e, const Path& path) {
   reject_unknown(
-      e, path, {"family", "direction", "coff", "head_dim", "ratio", "dtype", "layout", "buckets"});
+      e, path,
+      {"family", "direction", "coff", "head_dim", "ratio", "dtype", "layout", "tail", "buckets"});
   const json& family = member(e, "family", path);
   if (!family.is_string() || family.get<std::string>() != "long_window")
     (path / "family").fail("must be \"long_window\" (the only table-driven family)");
@@ -194,6 +237,7 @@ TableEntry parse_entry(const json& e, const Path& path) {
   std::tie(out.ratio_min, out.ratio_max) = get_range(e, "ratio", path, 1, 256);
   out.dtype = optional_name(e, "dtype", path, kDTypes, dtype_name);
   out.layout = optional_name(e, "layout", path, kLayouts, layout_name);
+  if (e.contains("tail")) out.tail = tail_key(e["tail"], path / "tail");
   const json& buckets = member(e, "buckets", path);
   if (!buckets.is_array() || buckets.empty()) (path / "buckets").fail("must be a non-empty array");
   for (std::size_t i = 0; i < buckets.size(); ++i) {
@@ -230,7 +274,8 @@ json range_json(int lo, int hi) {
 bool TableEntry::matches(const Config& c, Direction d) const {
   return direction == d && coff == c.coff && head_dim_min <= c.head_dim &&
          c.head_dim <= head_dim_max && ratio_min <= c.ratio && c.ratio <= ratio_max &&
-         (!dtype || *dtype == c.dtype) && (!layout || *layout == c.layout);
+         (!dtype || *dtype == c.dtype) && (!layout || *layout == c.layout) &&
+         (!tail || (c.tail.any() && (*tail == kAnyTail || *tail == tail_name(c.tail))));
 }
 
 ScheduleTable parse_schedule_table(std::string_view json_text, const std::string& source) {
@@ -291,6 +336,7 @@ std::string to_json(const ScheduleTable& t) {
     je["ratio"] = range_json(e.ratio_min, e.ratio_max);
     if (e.dtype) je["dtype"] = dtype_name(*e.dtype);
     if (e.layout) je["layout"] = layout_name(*e.layout);
+    if (e.tail) je["tail"] = *e.tail;
     je["buckets"] = json::array();
     for (const auto& b : e.buckets) {
       json jb;

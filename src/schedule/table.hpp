@@ -31,9 +31,17 @@ struct TableEntry {
   // takes the matching entry that names the most of them (the first of those).
   std::optional<DType> dtype;
   std::optional<Layout> layout;
+  // The fused tail the entry was measured for (csa::tail_name: "norm+rope64"), or kAnyTail:
+  // every call with a tail; absent: every call, with a tail or not. A call with a tail takes
+  // an entry naming its tail over one naming "any", over one naming none.
+  std::optional<std::string> tail;
+  static constexpr const char* kAnyTail = "any";
   std::vector<Bucket> buckets;  // ascending max_rows, the last unbounded
   bool matches(const Config& c, Direction d) const;
-  int specificity() const { return (dtype ? 1 : 0) + (layout ? 1 : 0); }
+  int specificity() const {
+    const int tail_rank = !tail ? 0 : *tail == kAnyTail ? 4 : 8;
+    return tail_rank + (dtype ? 1 : 0) + (layout ? 1 : 0);
+  }
 };
 
 // Ratios from `long_window_min_ratio` up use the long-window family (below: short-window).
