@@ -48,6 +48,8 @@ usage --coff tune --ratio 4 --head-dim 128
 usage --rows tune --ratio 128 --coff 1 --head-dim 512 --rows 0
 usage --dtype tune --ratio 128 --coff 1 --head-dim 512 --dtype fp8
 usage --layout tune --ratio 128 --coff 1 --head-dim 512 --layout bshd
+usage --ratio tune --ratio 4 --coff 2 --head-dim 512 --norm --rope-dim 64
+usage rope_dim tune --ratio 128 --coff 1 --head-dim 512 --rope-dim 63
 usage subcommand cache frobnicate
 usage subcommand
 

@@ -141,7 +141,8 @@ struct TailProblem {
   tools::HostInputs host;
   tools::TailInputs t;
   tools::DeviceInputs dev;
-  device::Buffer weight, cos_d, sin_d, rstd_d, grad_w_d, pooled_d;
+  tools::DeviceTail tail_d;
+  device::Buffer rstd_d, grad_w_d, pooled_d;
   tools::LaidInputs laid;
   reference::HostProblem h;
   Tail ht;
@@ -168,63 +169,27 @@ struct TailProblem {
         host(with_config(p, config)),
         t(tools::make_tail_inputs(config, host, seed)),
         dev(host),
-        weight(std::max<std::size_t>(t.weight.size(), 16)),
-        cos_d(std::max<std::size_t>(t.cos.size() * 4, 16)),
-        sin_d(std::max<std::size_t>(t.sin.size() * 4, 16)),
+        tail_d(config, t),
         rstd_d(static_cast<std::size_t>(std::max<std::int64_t>(p.total_comp, 4)) * 4),
         grad_w_d(static_cast<std::size_t>(cs.head_dim) * 4),
         pooled_d(static_cast<std::size_t>(std::max<std::int64_t>(p.total_comp, 1)) *
                  static_cast<std::size_t>(cs.head_dim) * 4),
-        laid(tools::lay_out(host, cs.dtype, cs.layout)) {
-    weight.upload(t.weight.data(), t.weight.size());
-    cos_d.upload(t.cos.data(), t.cos.size() * 4);
-    sin_d.upload(t.sin.data(), t.sin.size() * 4);
-    h.kv = laid.kv.data();
-    h.score = laid.score.data();
-    h.ape = p.ape.data();
-    h.cu_seqlens = sbhd ? nullptr : p.cu.data();
-    h.cu_seqlens_comp = sbhd ? nullptr : p.cuc.data();
-    h.total_tokens = p.total_tokens;
-    h.num_segments = p.segments();
-    h.total_comp = p.total_comp;
-    h.config = config;
-    h.seq_len = laid.seq_len;
-    if (c.tail.norm) {
-      ht.norm_weight = t.weight.data();
-      ht.eps = 1e-6f;
-    }
-    if (c.tail.rope()) {
-      ht.rope_cos = t.cos.data();
-      ht.rope_sin = t.sin.data();
-      ht.rope_max_blocks = t.max_blocks;
-    }
-  }
+        laid(tools::lay_out(host, cs.dtype, cs.layout)),
+        h(tools::host_problem(host, laid)),
+        ht(tools::host_tail(config, t)) {}
 
-  Tail device_tail() const {
-    Tail d;
-    if (c.tail.norm) {
-      d.norm_weight = weight.get();
-      d.eps = 1e-6f;
-    }
-    if (c.tail.rope()) {
-      d.rope_cos = cos_d.as<float>();
-      d.rope_sin = sin_d.as<float>();
-      d.rope_max_blocks = t.max_blocks;
-    }
-    return d;
-  }
   // The long-window family's tail: the forward keeps the pooled rows, its backward reads them.
-  bool long_window() const { return c.ratio > 16; }
+  bool long_window() const { return keeps_pooled_rows(config); }
   ForwardArgs forward_args() const {
     ForwardArgs a = dev.forward();
-    a.tail = device_tail();
+    a.tail = tail_d.tail();
     if (c.tail.norm) a.rstd = rstd_d.as<float>();
     if (long_window()) a.pooled = pooled_d.as<float>();
     return a;
   }
   BackwardArgs backward_args(std::uint32_t flags) const {
     BackwardArgs a = dev.backward(flags);
-    a.tail = device_tail();
+    a.tail = tail_d.tail();
     if (c.tail.norm) a.grad_norm_weight = grad_w_d.as<float>();
     if (long_window()) a.pooled = pooled_d.as<float>();
     return a;

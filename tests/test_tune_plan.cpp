@@ -169,6 +169,54 @@ TEST(TunePlan, EntriesOfAnotherTypeOrLayoutAreKeyedAndReplaceOnlyTheirOwn) {
   EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
 }
 
+// A tail's measurement is keyed on the tail (it serves only calls with it) and replaces only
+// the entry of the same tail; its candidates, as the loader fits them, all take the lanes form
+// and the fixed-order grad_ape, the only forms that run the tail.
+TEST(TunePlan, TailEntriesAreKeyedOnTheTailAndFitTheTailsForms) {
+  Config c{128, 512, 1};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  for (Direction dir : {Direction::kForward, Direction::kBackward}) {
+    const auto candidates = tools::tune_candidates(c, dir);
+    RuntimeOptions options;
+    options.disk_cache = false;  // nothing is compiled here
+    std::vector<std::string> fitted;
+    for (const auto& cand : candidates) {
+      Runtime rt(options);
+      nlohmann::json b = cand.bucket;
+      b["max_rows"] = nullptr;
+      const auto entry = tools::make_entry(c, dir, nlohmann::json::array({b}));
+      EXPECT_EQ(entry["tail"], "norm+rope64");
+      rt.set_schedule_table(table_with(entry), cand.name);
+      const ScheduleChoice choice = rt.select_schedule(c, dir, 1, "sm_90");
+      EXPECT_EQ(choice.entry_tail, "norm+rope64");
+      fitted.push_back(choice.schedule);
+    }
+    const auto run = tools::as_fitted(candidates, fitted, dir);
+    EXPECT_LT(run.size(), candidates.size()) << "staged and atomic forms fit to the lanes form";
+    for (const auto& r : run) {
+      EXPECT_EQ(r.bucket["form"], "lanes") << r.name;
+      if (dir == Direction::kBackward) {
+        EXPECT_NE(r.bucket["grad_ape"], "atomic") << r.name;
+      }
+    }
+  }
+  nlohmann::json bucket = tools::tune_candidates(c, Direction::kForward)[0].bucket;
+  bucket["max_rows"] = nullptr;
+  const auto tail = tools::make_entry(c, Direction::kForward, nlohmann::json::array({bucket}));
+  Config plain_config = c;
+  plain_config.tail = TailShape{};
+  const auto plain =
+      tools::make_entry(plain_config, Direction::kForward, nlohmann::json::array({bucket}));
+  EXPECT_FALSE(plain.contains("tail"));
+  const nlohmann::json base = {{"schema_version", 1}, {"arch", "sm_90"}, {"entries", {plain}}};
+  const auto merged = tools::merge_entries(base, {tail}, "test");
+  ASSERT_EQ(merged["entries"].size(), 2u);  // the plain entry still serves plain calls
+  EXPECT_EQ(merged["entries"][0], tail);
+  EXPECT_EQ(tools::merge_entries(merged, {tail}, "again")["entries"].size(), 2u);
+  EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
+}
+
 TEST(TunePlan, SmallForwardOutputsKeepTheBitwiseBuckets) {
   EXPECT_EQ(tools::bitwise_row_limit({128, 512, 1}), 31);   // 31 * 512 < 16384 <= 32 * 512
   EXPECT_EQ(tools::bitwise_row_limit({128, 128, 2}), 127);  // 127 * 128 < 16384

@@ -105,6 +105,45 @@ TailInputs make_tail_inputs(const Config& c, const HostInputs& in, std::uint64_t
   return t;
 }
 
+namespace {
+
+device::Buffer upload_or_placeholder(const void* data, std::size_t bytes) {
+  device::Buffer b(std::max<std::size_t>(bytes, 16));
+  if (bytes != 0) b.upload(data, bytes);
+  return b;
+}
+
+}  // namespace
+
+DeviceTail::DeviceTail(const Config& config, const TailInputs& t)
+    : shape(config.tail),
+      max_blocks(t.max_blocks),
+      weight(upload_or_placeholder(t.weight.data(), t.weight.size())),
+      cos(upload_or_placeholder(t.cos.data(), t.cos.size() * 4)),
+      sin(upload_or_placeholder(t.sin.data(), t.sin.size() * 4)) {}
+
+Tail DeviceTail::tail() const {
+  Tail d;
+  if (shape.norm) d.norm_weight = weight.get();
+  if (shape.rope()) {
+    d.rope_cos = cos.as<float>();
+    d.rope_sin = sin.as<float>();
+    d.rope_max_blocks = max_blocks;
+  }
+  return d;
+}
+
+Tail host_tail(const Config& config, const TailInputs& t) {
+  Tail h;
+  if (config.tail.norm) h.norm_weight = t.weight.data();
+  if (config.tail.rope()) {
+    h.rope_cos = t.cos.data();
+    h.rope_sin = t.sin.data();
+    h.rope_max_blocks = t.max_blocks;
+  }
+  return h;
+}
+
 std::int64_t forward_bytes(const HostInputs& in, int element_bytes) {
   const std::int64_t width = static_cast<std::int64_t>(in.config.coff) * in.config.head_dim;
   return element_bytes * (2 * in.total_tokens * width + in.total_comp * in.config.head_dim);
@@ -173,6 +212,22 @@ DeviceInputs::DeviceInputs(HostInputs host)
   kv.upload(laid.kv.data(), kv.size());
   score.upload(laid.score.data(), score.size());
   grad_out.upload(laid.grad_out.data(), grad_out.size());
+}
+
+reference::HostProblem host_problem(const HostInputs& in, const LaidInputs& laid) {
+  const bool sbhd = in.config.layout == Layout::kSbhd;
+  reference::HostProblem h;
+  h.kv = laid.kv.data();
+  h.score = laid.score.data();
+  h.ape = in.ape.data();
+  h.cu_seqlens = sbhd ? nullptr : in.cu.data();
+  h.cu_seqlens_comp = sbhd ? nullptr : in.cuc.data();
+  h.total_tokens = in.total_tokens;
+  h.num_segments = static_cast<std::int32_t>(in.cu.size() - 1);
+  h.total_comp = in.total_comp;
+  h.config = in.config;
+  h.seq_len = laid.seq_len;
+  return h;
 }
 
 ForwardArgs DeviceInputs::forward() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "csa/csa.hpp"
+#include "csa/reference.hpp"
 #include "csa/testing/device.hpp"
 
 namespace csa::tools {
@@ -39,6 +40,9 @@ struct LaidInputs {
 };
 LaidInputs lay_out(const HostInputs& in, DType dtype, Layout layout, std::int64_t stride = 0);
 
+// The CPU references' view of `in` laid out as `laid` (both must outlive it).
+reference::HostProblem host_problem(const HostInputs& in, const LaidInputs& laid);
+
 // One problem's inputs uploaded to the current device in the element type and layout of
 // `host.config` (packed rows), with its output buffers sized from them, and the call arguments
 // over them (sizes as `host` gives them: the benchmark's have no spare capacity, the GPU
@@ -66,6 +70,18 @@ struct TailInputs {
   std::int64_t max_blocks = 0;
 };
 TailInputs make_tail_inputs(const Config& config, const HostInputs& in, std::uint64_t seed);
+
+// The tail's tensors on the current device (16-byte placeholders where a stage is off) and the
+// call's `csa::Tail` over them (eps: Tail's default); `host_tail` is the same over `t`'s host
+// vectors, for the references.
+struct DeviceTail {
+  DeviceTail(const Config& config, const TailInputs& t);
+  Tail tail() const;
+  TailShape shape;
+  std::int64_t max_blocks = 0;
+  device::Buffer weight, cos, sin;
+};
+Tail host_tail(const Config& config, const TailInputs& t);
 
 // Bytes the operation must move: each input read once, each output written once, elements of
 // `element_bytes` (ape and grad_ape, which stay in L2, are not counted).

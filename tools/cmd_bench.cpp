@@ -139,7 +139,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   const std::size_t ape_bytes = static_cast<std::size_t>(c.ratio * width) * 4;
   // The long-window family's tail keeps the pooled rows (fp32) for its backward: written by the
   // forward, read by the backward, counted in both floors.
-  const bool keeps_pooled = c.tail.any() && c.ratio > 16;
+  const bool keeps_pooled = keeps_pooled_rows(c);
   const std::size_t pooled_bytes =
       keeps_pooled ? static_cast<std::size_t>(in.total_comp * c.head_dim) * 4 : 0;
   const std::int64_t fwd_bytes =
@@ -166,14 +166,8 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   }
   // The tail's tensors (L2-resident, not counted in the floor): an fp32 or bf16 weight near 1
   // and RoPE tables with a row for every block of the longest segment.
-  const TailInputs tail = make_tail_inputs(c, in, o.seed);
-  device::Buffer norm_weight(std::max<std::size_t>(tail.weight.size(), 1));
-  device::Buffer rope_cos(std::max<std::size_t>(tail.cos.size() * 4, 4));
-  device::Buffer rope_sin(std::max<std::size_t>(tail.sin.size() * 4, 4));
+  const DeviceTail tail(c, make_tail_inputs(c, in, o.seed));
   device::Buffer grad_w(static_cast<std::size_t>(c.head_dim) * 4);
-  norm_weight.upload(tail.weight.data(), tail.weight.size());
-  rope_cos.upload(tail.cos.data(), tail.cos.size() * 4);
-  rope_sin.upload(tail.sin.data(), tail.sin.size() * 4);
   const std::int64_t stride = o.stride;
   auto fwd_args = [&](int s) {
     ForwardArgs a;
@@ -189,15 +183,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     a.config = c;
     a.seq_len = laid.seq_len;
     a.kv_stride = a.score_stride = stride;
-    if (c.tail.norm) {
-      a.tail.norm_weight = norm_weight.get();
-      a.tail.eps = 1e-6f;
-    }
-    if (c.tail.rope()) {
-      a.tail.rope_cos = rope_cos.as<float>();
-      a.tail.rope_sin = rope_sin.as<float>();
-      a.tail.rope_max_blocks = tail.max_blocks;
-    }
+    a.tail = tail.tail();
     if (keeps_pooled) a.pooled = data[s].pooled.as<float>();
     return a;
   };
@@ -219,7 +205,7 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
     a.flags = flags;
     a.seq_len = laid.seq_len;
     a.kv_stride = a.score_stride = a.grad_kv_stride = a.grad_score_stride = stride;
-    a.tail = fwd_args(s).tail;
+    a.tail = tail.tail();
     if (c.tail.norm) a.grad_norm_weight = grad_w.as<float>();
     if (keeps_pooled && c.tail.norm) a.pooled = data[s].pooled.as<float>();
     return a;

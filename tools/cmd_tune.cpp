@@ -1,10 +1,10 @@
-// `csa tune`: measures candidate long-window schedules of one configuration (in the element type
-// and layout it names) on this GPU, each checked against the reference kernels of that type and
-// layout before it is timed (with a margin inside the type's contract),
+// `csa tune`: measures candidate long-window schedules of one configuration (in the element type,
+// layout and fused tail it names) on this GPU, each checked before it is timed (tune_check.hpp),
 // picks one per measured row count (the fastest; the bitwise one when within 10 %; for forward
 // outputs under 16K elements the fastest bitwise one at each measured row count there), and
 // writes a schedule table: the table serving this device's arch with the tuned entries put first
-// (keyed on the type and layout unless bf16 THD, replacing only entries with the same keys).
+// (keyed on the type, layout and tail unless bf16 THD without a tail, replacing only entries
+// with the same keys).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "csa/testing/device.hpp"
 #include "layout_data.hpp"
 #include "timing.hpp"
+#include "tune_check.hpp"
 #include "tune_plan.hpp"
 
 namespace csa::tools {
@@ -36,36 +37,6 @@ struct TuneOptions {
   std::vector<std::string> directions;  // empty: both
 };
 
-// The contract of the call's element type (or bit equality) against the reference kernels,
-// with a margin: a reordered candidate may differ on at most half the elements the contract
-// allows, so that other inputs of the same bucket stay inside it.
-constexpr double kTuningMargin = 0.5;
-
-struct CheckResult {
-  std::string failure;  // "" when it holds
-  std::size_t differing = 0;
-};
-
-CheckResult check(const device::Buffer& got, const std::vector<std::uint8_t>& ref, DType dtype,
-                  bool bitwise, const char* name) {
-  const auto bytes = DeviceInputs::download(got);
-  return {contract_failure(bytes, ref, dtype, bitwise, name, kTuningMargin),
-          diff(bytes, ref, dtype).differing};
-}
-
-// grad_ape in the default mode (fixed order or atomic): max |diff| <= 1e-3 (SPEC §2 item 5).
-std::string check_grad_ape(const device::Buffer& got, const std::vector<float>& ref) {
-  std::vector<float> g(ref.size());
-  got.download(g.data(), g.size() * sizeof(float));
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    if (std::isnan(g[i]) != std::isnan(ref[i]))
-      return fmt::format("grad_ape: NaN mask differs at {}", i);
-    if (std::fabs(g[i] - ref[i]) > 1e-3f)
-      return fmt::format("grad_ape[{}]: {} against {}", i, g[i], ref[i]);
-  }
-  return {};
-}
-
 std::string candidate_table(const std::string& arch, const Config& c, Direction d,
                             const Candidate& candidate) {
   nlohmann::json bucket = candidate.bucket;
@@ -81,14 +52,30 @@ std::string candidate_table(const std::string& arch, const Config& c, Direction 
   return table.dump();
 }
 
+// A valid configuration; the schedule table serves the long-window family only, and a tail at a
+// small ratio runs the short-window family's rules.
+void check_tunable(const Config& c) {
+  try {
+    validate_shape(c, c.ratio, 1, 1);  // the configuration and its tail, before any device
+  } catch (const Error& e) {
+    throw CLI::ValidationError("configuration", e.what());
+  }
+  if (c.tail.any() && !keeps_pooled_rows(c))
+    throw CLI::ValidationError(
+        "--ratio", fmt::format("a tail at ratio {} runs the short-window family, whose schedules "
+                               "are rules, not a table entry: tune a tail at a ratio above 16",
+                               c.ratio));
+}
+
 void run_tune(Runtime& rt, const TuneOptions& o) {
   device::make_current(o.device);
   const DeviceInfo dev = device::current_device();
   const std::string arch = fmt::format("sm_{}{}", dev.cc_major, dev.cc_minor);
   device::StreamHandle stream;
   const Config& c = o.config;
-  fmt::print("tuning ratio={} coff={} head_dim={} {} {} on {} ({}), rows {}\n", c.ratio, c.coff,
-             c.head_dim, dtype_name(c.dtype), layout_name(c.layout), dev.name, arch,
+  fmt::print("tuning ratio={} coff={} head_dim={} {} {}{} on {} ({}), rows {}\n", c.ratio, c.coff,
+             c.head_dim, dtype_name(c.dtype), layout_name(c.layout),
+             c.tail.any() ? " tail=" + tail_name(c.tail) : "", dev.name, arch,
              fmt::join(o.rows, ","));
   std::vector<std::int64_t> rows = o.rows;
   std::sort(rows.begin(), rows.end());
@@ -139,25 +126,26 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
       pack.seqlens = {static_cast<std::int32_t>(r * c.ratio)};
       pack.label = fmt::format("1x{}", r * c.ratio);
       DeviceInputs p(make_inputs(c, pack, o.seed + static_cast<std::uint64_t>(r)));
-      // References: the plain kernels of the SPEC op order.
-      rt.forward(p.forward(), stream.get(), Family::kReference);
-      rt.backward(p.backward(), stream.get(), Family::kReference);
-      device::synchronize(stream.get());
-      const auto ref_out = DeviceInputs::download(p.out);
-      const auto ref_kv = DeviceInputs::download(p.grad_kv);
-      const auto ref_score = DeviceInputs::download(p.grad_score);
-      std::vector<float> ref_ape(p.grad_ape.size() / sizeof(float));
-      p.grad_ape.download(ref_ape.data(), p.grad_ape.size());
       // Timed as csa bench times: over copies of the inputs rotated past the L2, so that every
       // row count is measured reading from DRAM (one L2-resident set favours other schedules).
       const int esize = element_size(c.dtype);
       const int sets = rotation_sets(
-          dir == Direction::kForward ? forward_bytes(p.in, esize) : backward_bytes(p.in, esize),
+          (dir == Direction::kForward ? forward_bytes(p.in, esize) : backward_bytes(p.in, esize)) +
+              tail_extra_bytes(c, p.in.total_comp, dir),
           dev.l2_bytes);
       std::vector<std::unique_ptr<DeviceInputs>> copies;
       for (int s = 1; s < sets; ++s) copies.push_back(std::make_unique<DeviceInputs>(p.in));
       auto set = [&](int i) -> const DeviceInputs& {
         return i % sets == 0 ? p : *copies[static_cast<std::size_t>(i % sets - 1)];
+      };
+      const auto gate = make_tune_check(rt, stream.get(), p, sets, o.seed + 7);
+      gate->prepare(dir, set);
+      auto call = [&](Runtime& cr, int i) {
+        if (dir == Direction::kForward) {
+          cr.forward(gate->forward(set(i), i % sets), stream.get());
+        } else {
+          cr.backward(gate->backward(set(i), i % sets), stream.get());
+        }
       };
       Measurement m;
       m.rows = r;
@@ -168,36 +156,13 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
         std::string why = failed[i];
         if (why.empty()) {
           try {
-            p.out.fill(0xff);
-            p.grad_kv.fill(0xff);
-            p.grad_score.fill(0xff);
-            p.grad_ape.fill(0xff);  // NaN: a grad_ape not overwritten fails its check
-            if (dir == Direction::kForward) {
-              cr.forward(p.forward(), stream.get());
-              device::synchronize(stream.get());
-              const CheckResult out = check(p.out, ref_out, c.dtype, candidates[i].bitwise, "out");
-              why = out.failure;
-              differing = out.differing;
-            } else {
-              cr.backward(p.backward(), stream.get());
-              device::synchronize(stream.get());
-              const CheckResult kv =
-                  check(p.grad_kv, ref_kv, c.dtype, candidates[i].bitwise, "grad_kv");
-              const CheckResult sc =
-                  check(p.grad_score, ref_score, c.dtype, candidates[i].bitwise, "grad_score");
-              why = kv.failure.empty() ? sc.failure : kv.failure;
-              if (why.empty()) why = check_grad_ape(p.grad_ape, ref_ape);
-              differing = std::max(kv.differing, sc.differing);
-            }
-            if (why.empty()) {
-              us = time_graph(stream.get(), o.reps, std::max(sets, 32), [&](int call) {
-                if (dir == Direction::kForward) {
-                  cr.forward(set(call).forward(), stream.get());
-                } else {
-                  cr.backward(set(call).backward(), stream.get());
-                }
-              });
-            }
+            const CheckResult checked =
+                gate->run_and_check(dir, candidates[i].bitwise, [&] { call(cr, 0); });
+            why = checked.failure;
+            differing = checked.differing;
+            if (why.empty())
+              us =
+                  time_graph(stream.get(), o.reps, std::max(sets, 32), [&](int n) { call(cr, n); });
           } catch (const std::exception& e) {
             why = e.what();
           }
@@ -258,11 +223,12 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
                                                            {"entries", nlohmann::json::array()}}
                                           : nlohmann::json::parse(base_text);
   base["arch"] = arch;
-  const nlohmann::json table =
-      merge_entries(base, entries,
-                    fmt::format("csa tune ratio={} coff={} head_dim={} {} {} on {}, rows {}",
-                                c.ratio, c.coff, c.head_dim, dtype_name(c.dtype),
-                                layout_name(c.layout), dev.name, fmt::join(rows, ",")));
+  const nlohmann::json table = merge_entries(
+      base, entries,
+      fmt::format("csa tune ratio={} coff={} head_dim={} {} {}{} on {}, rows {}", c.ratio, c.coff,
+                  c.head_dim, dtype_name(c.dtype), layout_name(c.layout),
+                  c.tail.any() ? " tail=" + tail_name(c.tail) : "", dev.name,
+                  fmt::join(rows, ",")));
   const std::string text = table.dump(2) + "\n";
   validate_schedule_table(text, "tuned table");
   const std::string out = o.out.empty() ? fmt::format("csa-tuned-{}.json", arch) : o.out;
@@ -279,6 +245,7 @@ void add_tune_command(CLI::App& app, Runtime*& runtime) {
       app.add_subcommand("tune", "measure long-window schedules on this GPU and write a table");
   add_config_options(cmd, opts->config);
   add_io_options(cmd, opts->config.dtype, opts->config.layout);
+  add_tail_options(cmd, opts->config.tail);
   cmd->add_option("--rows", opts->rows, "output row counts to measure, comma-separated")
       ->delimiter(',')
       ->capture_default_str()
@@ -292,7 +259,10 @@ void add_tune_command(CLI::App& app, Runtime*& runtime) {
   cmd->add_option("--seed", opts->seed, "input seed")->capture_default_str();
   cmd->add_option("--out", opts->out, "output table (default: csa-tuned-<arch>.json)");
   add_direction_option(cmd, opts->directions, kDirections);
-  cmd->callback([opts, &runtime] { run_tune(*runtime, *opts); });
+  cmd->callback([opts, &runtime] {
+    check_tunable(opts->config);
+    run_tune(*runtime, *opts);
+  });
 }
 
 }  // namespace csa::tools

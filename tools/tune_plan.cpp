@@ -215,9 +215,11 @@ nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::j
                           {"head_dim", {config.head_dim, config.head_dim}},
                           {"ratio", {config.ratio, config.ratio}}};
   // Unkeyed entries serve every element type and layout (they were measured on bf16 THD); a
-  // measurement of another one is keyed on it, so it serves those calls only.
+  // measurement of another one is keyed on it, so it serves those calls only. A tail's
+  // measurement is keyed on the tail: it serves calls with that tail only.
   if (config.dtype != DType::kBf16) entry["dtype"] = dtype_name(config.dtype);
   if (config.layout != Layout::kThd) entry["layout"] = layout_name(config.layout);
+  if (config.tail.any()) entry["tail"] = tail_name(config.tail);
   entry["buckets"] = std::move(buckets);
   return entry;
 }
@@ -233,7 +235,8 @@ nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::js
       };
       return e["direction"] == old["direction"] && e["coff"] == old["coff"] &&
              e["head_dim"] == old["head_dim"] && e["ratio"] == old["ratio"] &&
-             key(e, "dtype") == key(old, "dtype") && key(e, "layout") == key(old, "layout");
+             key(e, "dtype") == key(old, "dtype") && key(e, "layout") == key(old, "layout") &&
+             key(e, "tail") == key(old, "tail");
     });
     if (!replaced) merged.push_back(old);
   }

@@ -66,12 +66,12 @@ nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets, const nloh
                                        std::int64_t max_rows);
 
 // A table entry for exactly this configuration, keyed on its element type and layout unless
-// they are bf16 THD.
+// they are bf16 THD, and on its tail if it has one.
 nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets);
 
 // `base` (a schedule table) with `entries` put first, so they win the first-match selection;
 // entries of `base` for the same (direction, coff, head_dim, ratio) ranges and the same
-// dtype / layout keys are dropped.
+// dtype / layout / tail keys are dropped.
 nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::json>& entries,
                              const std::string& origin);
 

@@ -107,6 +107,10 @@ struct Config {
   TailShape tail;
 };
 
+// Whether calls of `config` run the long-window family's tail (a tail at a ratio above 16),
+// whose forward keeps the pooled rows (ForwardArgs::pooled) that its backward reads.
+CSA_API bool keeps_pooled_rows(const Config& config);
+
 // The tensors of a call's tail, as config.tail names its stages (device pointers in calls,
 // host pointers in the references).
 struct Tail {

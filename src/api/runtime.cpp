@@ -13,6 +13,7 @@
 #include "common/env.hpp"
 #include "common/error.hpp"
 #include "compressor/validation.hpp"
+#include "schedule/short_window.hpp"
 #include "schedule/table.hpp"
 
 namespace csa {
@@ -84,6 +85,10 @@ OffsetReport Runtime::check_offsets(const std::int32_t* cu_seqlens,
 void Runtime::set_schedule_table(std::string_view json_text, std::string_view source_name) {
   impl_->service.set_schedule_table(
       schedule::parse_schedule_table(json_text, std::string(source_name)));
+}
+
+bool keeps_pooled_rows(const Config& config) {
+  return config.tail.any() && config.ratio > schedule::kShortWindowMaxRatio;
 }
 
 ScheduleChoice Runtime::select_schedule(const Config& config, Direction direction,
