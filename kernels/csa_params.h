@@ -152,12 +152,13 @@ struct BackwardParams {
   csa_i32 grad_score_stride;
   csa_i32 seq_len;
   csa_i32 reserved;  // keeps the size a multiple of 8 on both sides
-  // The tail epilogue's tensors (unused by the identity epilogue); grad_w's partials follow
-  // grad_ape's in each row group's workspace block.
+  // The tail epilogue's tensors (unused by the identity epilogue); grad_w is summed as
+  // grad_ape is: its partials after grad_ape's in each row group's workspace block (the fixed
+  // order), or added into grad_w by the kernel (atomic).
   const void* norm_weight;
   const float* rope_cos;
   const float* rope_sin;
-  float* grad_w;        // unused by the kernel (the reduction writes it)
+  float* grad_w;        // atomic mode: zeroed by the claimant and added into
   const float* pooled;  // the long-window family's tail: the forward's pooled rows (fp32)
   float eps;
   csa_i32 rope_max_blocks;

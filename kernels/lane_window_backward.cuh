@@ -358,9 +358,9 @@ __global__ void __launch_bounds__(
   // Double-buffered by row parity: two barriers per row.
   __shared__ float sm_m[2][LANES][COLS], sm_den[2][LANES][COLS], sm_s[2][LANES][COLS];
   // The tail (long_window_tail.cuh): each row's pooled-row gradient, from grad_y and the
-  // forward's pooled row, replaces grad_out; this thread's grad_w terms over the rows.
+  // forward's pooled row, replaces grad_out; this thread's grad_w terms over the rows, summed
+  // as grad_ape is (partials, or added into grad_w, zeroed with grad_ape by the claimant).
   constexpr bool kTail = IO::Store::kCooperative;
-  static_assert(!(kTail && ATOMIC_APE), "the tail's grad_w takes the fixed-order reduction");
   using Tail = LongTail<IO, RATIO, COFF, HEAD_DIM, THREADS>;
   constexpr int kTailVec = kTail ? long_tail_vec(HEAD_DIM, THREADS) : 1;
   [[maybe_unused]] __shared__ float sm_gx[kTail ? HEAD_DIM : 1];
@@ -446,6 +446,9 @@ __global__ void __launch_bounds__(
   if (claims)
     claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
       zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
+      if constexpr (IO::Store::kNorm) {
+        for (int c = col0 + t; c < col0 + COLS && c < HEAD_DIM; c += threads) p.grad_w[c] = 0.0f;
+      }
     });
   if constexpr (STAGES > 1) {
     if constexpr (kClaimReplyInShared) {
@@ -590,7 +593,9 @@ __global__ void __launch_bounds__(
       }
       __syncthreads();
     }
-    if (!active || row_end <= row_begin) return;  // no rows: nothing to add
+    if (row_end <= row_begin) return;  // no rows: nothing to add
+    if constexpr (IO::Store::kNorm) Tail::template grad_w_out<true>(p.grad_w, col0, COLS, dw);
+    if (!active) return;
 #pragma unroll
     for (int j = 0; j < LW::C; ++j) {
       const int k = lane * LW::C + j;
@@ -603,7 +608,7 @@ __global__ void __launch_bounds__(
   // The tail's grad_w partials follow grad_ape's in each row group's block.
   constexpr long long kGroupFloats = RATIO * LW::W + (IO::Store::kNorm ? HEAD_DIM : 0);
   if constexpr (IO::Store::kNorm)
-    Tail::write_grad_w(
+    Tail::template grad_w_out<false>(
         p.workspace + static_cast<long long>(blockIdx.x) * kGroupFloats + RATIO * LW::W, col0, COLS,
         dw);
   if (!active) return;

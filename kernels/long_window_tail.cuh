@@ -7,7 +7,8 @@
 //   backward: every CTA reads each of its rows' grad_y and the forward's pooled row whole and
 //             runs the tail's backward over it (the same op order as the short-window family),
 //             keeping the pooled row's gradient of its own columns in shared memory; its
-//             grad_w partial is the sum over its rows for its own columns.
+//             grad_w terms are the sum over its rows for its own columns (a partial, or added
+//             into grad_w as grad_ape is).
 #pragma once
 #include "long_window_common.cuh"
 namespace csa_kernel {
@@ -115,16 +116,23 @@ struct LongTail {
     for (int v = 0; v < VEC; ++v) gx[c + v] = in.g[v];
   }
 
-  // This CTA's grad_w partial (its row group, its columns [col0, col0 + cols)) at `dst`
-  // (the group's head_dim floats).
-  static __device__ __forceinline__ void write_grad_w(float* dst, int col0, int cols,
-                                                      const float (&dw)[VEC]) {
+  // This CTA's grad_w terms (its row group, its columns [col0, col0 + cols)): its partial
+  // written at `dst` (the group's head_dim floats), or (ATOMIC) added into grad_w at `dst`.
+  template <bool ATOMIC>
+  static __device__ __forceinline__ void grad_w_out(float* dst, int col0, int cols,
+                                                    const float (&dw)[VEC]) {
     const int t = tid();
     if (t >= NCV) return;
     const int c = t * VEC;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v)
-      if (c + v >= col0 && c + v < col0 + cols) dst[c + v] = dw[v];
+    for (int v = 0; v < VEC; ++v) {
+      if (c + v < col0 || c + v >= col0 + cols) continue;
+      if constexpr (ATOMIC) {
+        atomicAdd(dst + c + v, dw[v]);
+      } else {
+        dst[c + v] = dw[v];
+      }
+    }
   }
 };
 

@@ -214,13 +214,13 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   constexpr int ROW_FLOATS = TX * VEC;  // one slot's columns in this CTA
   // The tail (a cooperative epilogue): rows whole in a CTA (TX * VEC = head_dim, one column
   // block), the tail's backward between grad_y and the pooling's backward, and with the norm
-  // grad_w's partials after grad_ape's in each row group's block of the workspace (the fixed
-  // order only).
+  // grad_w summed as grad_ape is: its partials after grad_ape's in each row group's block of
+  // the workspace (the fixed order), or added into grad_w, which the block's claimant zeroes
+  // with grad_ape (atomic).
   using Tail = typename IO::Store;
   constexpr bool TAIL = Tail::kCooperative;
   constexpr bool GRAD_W = TAIL && Tail::kNorm;
-  static_assert(!TAIL || (ROW_FLOATS == HEAD_DIM && FIXED_ORDER),
-                "the tail's backward takes whole rows and the fixed order");
+  static_assert(!TAIL || ROW_FLOATS == HEAD_DIM, "the tail's backward takes whole rows");
   constexpr int GROUP_FLOATS = RATIO * W + (GRAD_W ? HEAD_DIM : 0);
   const int tid = ty * TX + tx;
   float dw[TAIL ? VEC : 1];  // the norm's grad_w terms (unused without the norm)
@@ -236,6 +236,9 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     claim = claim_arrive(grad_ape_claim_word(p));
     claim_zero_if_first(grad_ape_claim_word(p), gridDim.y, claim, [&](int t, int threads) {
       zero_grad_ape_block<COFF, HEAD_DIM, SLOTS, ROW_FLOATS>(p, t, threads);
+      if constexpr (GRAD_W) {
+        for (int c = t; c < HEAD_DIM; c += threads) p.grad_w[c] = 0.0f;
+      }
     });
   }
 
@@ -375,14 +378,17 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
 #pragma unroll
       for (int v = 0; v < VEC; ++v) wfold[ty][tx * VEC + v] = dw[v];
       __syncthreads();
-      // grad_w's partial of this row group, folded over the row lanes in lane order.
-      float* const wdst =
-          p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS + RATIO * W;
+      // grad_w's partial of this row group, folded over the row lanes in lane order (after
+      // the claimant's zeroing: claim_await_zeroed above).
       for (int c = ty * TX + tx; c < HEAD_DIM; c += TX * TY) {
         float sum = wfold[0][c];
 #pragma unroll
         for (int y = 1; y < TY; ++y) sum = __fadd_rn(sum, wfold[y][c]);
-        wdst[c] = sum;
+        if constexpr (FIXED_ORDER) {
+          p.workspace[static_cast<long long>(blockIdx.y) * GROUP_FLOATS + RATIO * W + c] = sum;
+        } else {
+          atomicAdd(p.grad_w + c, sum);
+        }
       }
     }
     __syncthreads();
@@ -427,7 +433,13 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
         FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS : p.grad_ape;
     if constexpr (GRAD_W) {
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) dst[RATIO * W + col + v] = dw[v];
+      for (int v = 0; v < VEC; ++v) {
+        if (FIXED_ORDER) {
+          dst[RATIO * W + col + v] = dw[v];
+        } else {
+          atomicAdd(p.grad_w + col + v, dw[v]);
+        }
+      }
     }
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -48,14 +49,19 @@ constexpr int kCapturedCallsPerSlab = (64 << 10) / 256;
 // The atomic backward of `wide` (its default): one launch eagerly, the kernel and the
 // fixed-order reduction when deterministic. Captured, with `captured_claim_words` one launch
 // with claim words of the call's own, as long as there are some, else (and when no claim words
-// are left) a memset of grad_ape and the launch.
-void expect_atomic_backward_in_one_launch(const Config& wide, bool captured_claim_words) {
+// are left) a memset of grad_ape (and of the tail's grad_w) and the launch.
+using ArgsFor = std::function<BackwardArgs(std::uint32_t flags)>;
+void expect_atomic_backward_in_one_launch(const Config& wide, bool captured_claim_words,
+                                          const ArgsFor& args_for = nullptr) {
+  const ArgsFor args =
+      args_for ? args_for : [&](std::uint32_t flags) { return backward_args(wide, flags); };
+  const int zeroed = wide.tail.norm ? 2 : 1;  // tensors a call without claim words memsets
   FakeRuntime rt;
   rt.service.prewarm(wide, 0, Family::kAuto);
   // Overwriting: the kernel zeroes grad_ape itself, with the stream's claim words, allocated
   // and zeroed once; then one launch a call. The first call also sets aside a slab of claim
   // words for captured calls, zeroed on the runtime's own stream, which it destroys.
-  for (int i = 0; i < 3; ++i) rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  for (int i = 0; i < 3; ++i) rt.service.backward(args(0), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 3);
   EXPECT_EQ(state().allocations, 1);
   EXPECT_EQ(state().memsets, 1) << "the claim words are zeroed when allocated, not per call";
@@ -63,15 +69,15 @@ void expect_atomic_backward_in_one_launch(const Config& wide, bool captured_clai
   EXPECT_EQ(state().slab_memsets, 1);
   EXPECT_EQ(state().own_streams_open, 0);
   // Accumulating: straight into grad_ape, no workspace.
-  rt.service.backward(backward_args(wide, kAccumulateGradApe), kStream, Family::kAuto);
+  rt.service.backward(args(kAccumulateGradApe), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 4);
   EXPECT_EQ(state().memsets, 1);
   // Deterministic: the kernel and the fixed-order reduction, partials in their own workspace.
-  rt.service.backward(backward_args(wide, kDeterministic), kStream, Family::kAuto);
+  rt.service.backward(args(kDeterministic), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 6);
   EXPECT_EQ(state().allocations, 2) << "the partials shared the claim words";
   // Another stream: its own claim words.
-  rt.service.backward(backward_args(wide), reinterpret_cast<CUstream>(0x6000), Family::kAuto);
+  rt.service.backward(args(0), reinterpret_cast<CUstream>(0x6000), Family::kAuto);
   EXPECT_EQ(state().launches, 7);
   EXPECT_EQ(state().allocations, 3);
   EXPECT_EQ(state().memsets, 2);
@@ -79,24 +85,24 @@ void expect_atomic_backward_in_one_launch(const Config& wide, bool captured_clai
   // serves (or a memset of grad_ape before each); then a memset of grad_ape and the launch.
   state().capturing = true;
   for (int i = 0; i < kCapturedCallsPerSlab; ++i)
-    rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+    rt.service.backward(args(0), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 7 + kCapturedCallsPerSlab);
-  const int captured_memsets = captured_claim_words ? 0 : kCapturedCallsPerSlab;
+  const int captured_memsets = captured_claim_words ? 0 : kCapturedCallsPerSlab * zeroed;
   EXPECT_EQ(state().memsets, 2 + captured_memsets);
-  rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  rt.service.backward(args(0), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 8 + kCapturedCallsPerSlab);
-  EXPECT_EQ(state().memsets, 3 + captured_memsets) << "no claim words were left";
+  EXPECT_EQ(state().memsets, 2 + zeroed + captured_memsets) << "no claim words were left";
   EXPECT_EQ(state().allocations, 3);
   EXPECT_EQ(state().slab_allocations, 1) << "a slab was allocated under capture";
   // The next eager call sets aside another slab (where captured calls took some), and captured
   // calls take one launch again.
   state().capturing = false;
-  rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  rt.service.backward(args(0), kStream, Family::kAuto);
   EXPECT_EQ(state().slab_allocations, captured_claim_words ? 2 : 1);
   state().capturing = true;
-  rt.service.backward(backward_args(wide), kStream, Family::kAuto);
+  rt.service.backward(args(0), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 10 + kCapturedCallsPerSlab);
-  EXPECT_EQ(state().memsets, 3 + captured_memsets + (captured_claim_words ? 0 : 1));
+  EXPECT_EQ(state().memsets, 2 + zeroed + captured_memsets + (captured_claim_words ? 0 : zeroed));
   EXPECT_EQ(state().own_streams_open, 0);
 }
 
@@ -126,6 +132,31 @@ TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunch) {
   EXPECT_NE(l[4].find("lane_window_backward"), std::string::npos) << l[4];
   EXPECT_NE(l[4].find(fixed), std::string::npos) << l[4];
   EXPECT_NE(l[5].find("ape_reduce"), std::string::npos) << l[5];
+}
+
+// The fused tail's backward sums grad_ape and grad_w as the plain one sums grad_ape: one
+// launch by default (both zeroed by the kernel, or memset first where no claim words are left),
+// the kernel and the reduction when deterministic.
+BackwardArgs tail_backward_args(const Config& c, std::uint32_t flags) {
+  BackwardArgs a = backward_args(c, flags);
+  a.tail.norm_weight = fake_ptr<float>(0xb00000);
+  a.tail.rope_cos = fake_ptr<float>(0xb10000);
+  a.tail.rope_sin = fake_ptr<float>(0xb20000);
+  a.tail.rope_max_blocks = 8192;
+  a.grad_norm_weight = fake_ptr<float>(0xb30000);
+  if (keeps_pooled_rows(c)) a.pooled = fake_ptr<float>(0xc00000);
+  return a;
+}
+
+TEST_F(FakeDriver, TailBackwardIsOneLaunchInBothFamilies) {
+  for (Config c : {Config{2, 256, 2}, Config{128, 512, 2}}) {
+    SetUp();
+    c.tail.norm = true;
+    c.tail.rope_dim = 64;
+    SCOPED_TRACE(tail_name(c.tail) + " at ratio " + std::to_string(c.ratio));
+    expect_atomic_backward_in_one_launch(c, /*captured_claim_words=*/true,
+                                         [&](std::uint32_t f) { return tail_backward_args(c, f); });
+  }
 }
 
 // Prewarm (and a plan's prepare) on the current context's device sets aside claim words, so

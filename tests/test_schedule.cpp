@@ -1,6 +1,7 @@
 // Short-window schedule rules and the backward grid.
 #include <gtest/gtest.h>
 
+#include "compressor/grad_ape_policy.hpp"
 #include "common/error.hpp"
 #include "csa/csa.hpp"
 #include "csa_params.h"
@@ -10,20 +11,26 @@ namespace csa::test {
 namespace {
 
 // The tail's backward holds whole rows: one column block, at most 8 row lanes within the
-// static shared memory, the fixed order only.
-TEST(ShortWindowSchedule, TailBackwardHoldsWholeRowsInTheFixedOrder) {
+// static shared memory; grad_ape (and grad_w) in the plain rule's form (one launch by default)
+// where the CTA has row lanes, else the fixed order.
+TEST(ShortWindowSchedule, TailBackwardHoldsWholeRowsAndFoldsRowLanesBeforeAtomics) {
   Config c{4, 512, 2};
   c.tail.norm = true;
   auto s = schedule::select_short_window(c);
   EXPECT_EQ(s.backward_tx * s.backward_vec, 512);
   EXPECT_EQ(s.backward_ty, 1);
-  EXPECT_TRUE(s.fixed_order_default);
-  EXPECT_FALSE(s.one_launch);
+  EXPECT_FALSE(compressor::short_window_grad_ape(s).atomic);
   EXPECT_EQ(s.backward_resident_ctas, 0);
   c.head_dim = 128;
   s = schedule::select_short_window(c);
   EXPECT_EQ(s.backward_tx, 64);
   EXPECT_EQ(s.backward_ty, 4);
+  Config plain = c;
+  plain.tail = TailShape{};
+  const auto p = schedule::select_short_window(plain);
+  EXPECT_EQ(s.fixed_order_default, p.fixed_order_default);
+  EXPECT_EQ(s.one_launch, p.one_launch);
+  EXPECT_TRUE(compressor::short_window_grad_ape(s).atomic);
   c.head_dim = 512;
   EXPECT_THROW(schedule::select_short_window(c, std::string("ty=2")), Error);
   c.tail = TailShape{};

@@ -170,8 +170,8 @@ TEST(TunePlan, EntriesOfAnotherTypeOrLayoutAreKeyedAndReplaceOnlyTheirOwn) {
 }
 
 // A tail's measurement is keyed on the tail (it serves only calls with it) and replaces only
-// the entry of the same tail; its candidates, as the loader fits them, all take the lanes form
-// and the fixed-order grad_ape, the only forms that run the tail.
+// the entry of the same tail; its candidates, as the loader fits them, all take the lanes form,
+// the only one that runs the tail, in both grad_ape forms.
 TEST(TunePlan, TailEntriesAreKeyedOnTheTailAndFitTheTailsForms) {
   Config c{128, 512, 1};
   c.tail.norm = true;
@@ -193,12 +193,14 @@ TEST(TunePlan, TailEntriesAreKeyedOnTheTailAndFitTheTailsForms) {
       fitted.push_back(choice.schedule);
     }
     const auto run = tools::as_fitted(candidates, fitted, dir);
-    EXPECT_LT(run.size(), candidates.size()) << "staged and atomic forms fit to the lanes form";
+    EXPECT_LT(run.size(), candidates.size()) << "staged forms fit to the lanes form";
+    int atomic = 0;
     for (const auto& r : run) {
       EXPECT_EQ(r.bucket["form"], "lanes") << r.name;
-      if (dir == Direction::kBackward) {
-        EXPECT_NE(r.bucket["grad_ape"], "atomic") << r.name;
-      }
+      if (dir == Direction::kBackward && r.bucket["grad_ape"] == "atomic") ++atomic;
+    }
+    if (dir == Direction::kBackward) {
+      EXPECT_GT(atomic, 0) << "the atomic form runs the tail too";
     }
   }
   nlohmann::json bucket = tools::tune_candidates(c, Direction::kForward)[0].bucket;

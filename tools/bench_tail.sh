@@ -2,8 +2,8 @@
 # The fused tail's forward and backward against the plain pooling kernels of the same shape,
 # one `csa bench` run per (shape, variant) on this GPU. A shape is R,C,D,PACK:TAIL with TAIL the
 # tail options joined by '+' ("norm+rope64+hadamard"). Prints kernel times and the ratio to the
-# plain kernels (the default backward: the tail's takes the fixed order, the plain one may
-# take atomics).
+# plain kernels (the default backward of each: grad_ape, and the tail's grad_w, in the
+# schedule's form, atomics in one launch where it takes them).
 # usage: tools/bench_tail.sh OUTDIR [BUILD_DIR] [SHAPE:TAIL ...]
 set -uo pipefail
 out=${1:?usage: tools/bench_tail.sh OUTDIR [BUILD_DIR] [SHAPE:TAIL ...]}

@@ -57,8 +57,8 @@ def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor
         ``torch.use_deterministic_algorithms(True)`` ape's gradient is summed in a fixed
         order (bitwise run to run).
 
-    The fused tail (each stage optional; ratio <= 16, head_dim a power of two or a multiple
-    of 32, at most 1024), ``y = H(rope(rmsnorm(x) * w))`` in fp32 with one rounding:
+    The fused tail (each stage optional; head_dim at most 1024, a power of two or, at ratio
+    <= 16, a multiple of 32), ``y = H(rope(rmsnorm(x) * w))`` in fp32 with one rounding:
         norm_weight: ``(head_dim,)`` bf16 or fp32 RMSNorm weight (differentiable), with
             ``eps``.
         rope_cos, rope_sin: ``(max_blocks, rope_dim // 2)`` fp32 tables; row ``b`` rotates a
@@ -67,7 +67,9 @@ def compress(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Optional[Tensor
             (default ``2 * rope_cos.shape[1]``) in pairs ``(2i, 2i+1)``, or ``(i, i +
             rope_dim/2)`` with ``rope_interleaved=False``.
         hadamard: the Hadamard transform of size head_dim, scaled by ``head_dim ** -0.5``.
-        With a tail, ape's and the weight's gradients are always summed in a fixed order.
+        The weight's gradient is summed as ape's is: in a fixed order (bitwise) under
+        ``torch.use_deterministic_algorithms(True)``, else atomically where the call's
+        schedule adds ape's gradient so.
     """
     if total_comp is None and cu_seqlens_comp is not None:
         total_comp = _static_rows(cu_seqlens_comp)

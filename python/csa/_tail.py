@@ -195,7 +195,7 @@ def tail_backward_impl(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
                        deterministic: bool,
                        launch: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(grad_kv, grad_score, grad_ape, grad_w)``; grad_w is ``(head_dim,)`` fp32 with the
-    norm, else empty. The tail's grad_ape and grad_w are always summed in a fixed order."""
+    norm, else empty, summed as grad_ape is (the fixed order when ``deterministic``)."""
     shape = _checks.inputs(kv, score, ape, cu_seqlens, cu_seqlens_comp, ratio, coff)
     spec = tail_spec(shape.head_dim, ratio, kv.device, norm_weight, eps, rope_cos, rope_sin,
                      rope_dim or None, rope_interleaved, hadamard)

@@ -250,30 +250,42 @@ def test_opcheck_compile_graphs_and_determinism() -> None:
     eager_y = step(p.kv, p.score, p.ape, w)
     assert torch.equal(compiled(p.kv, p.score, p.ape, w), eager_y)
 
-    # A CUDA graph of forward and backward at a static capacity, replayed after the lengths
-    # change, equals direct calls.
+    # A CUDA graph of forward and backward (both grad_ape forms) at a static capacity,
+    # replayed after the lengths change, equals direct calls: bitwise in the fixed order; the
+    # default one-launch form adds grad_ape and grad_w atomically (same gradients of kv and
+    # score, sums in any order).
     static = [t.detach().clone() for t in (p.kv, p.score, p.ape)]
     wg = w.detach().clone()
     csa.prewarm(ratio=4, coff=2, head_dim=128)
     fwd = lambda: torch.ops.csa.compress_tail_forward(  # noqa: E731
         *static, p.cu_seqlens, p.cu_seqlens_comp, wg, cos, sin, 4, 2, p.total_comp, 1e-6, 64,
         True, True)
-    bwd = lambda: torch.ops.csa.compress_tail_backward(  # noqa: E731
-        g, *static, p.cu_seqlens, p.cu_seqlens_comp, wg, cos, sin, None, 4, 2, 1e-6, 64, True,
-        True, False)
-    fwd(), bwd()  # warm the kernels and the allocator
+
+    def bwd(deterministic: bool) -> tuple[torch.Tensor, ...]:
+        return torch.ops.csa.compress_tail_backward(
+            g, *static, p.cu_seqlens, p.cu_seqlens_comp, wg, cos, sin, None, 4, 2, 1e-6, 64,
+            True, True, deterministic)
+
+    fwd(), bwd(True), bwd(False)  # warm the kernels and the allocator
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y_g, _, _ = fwd()
-        grads_g = bwd()
+        grads_g = bwd(True)
+        atomic_g = bwd(False)
     p.cu_seqlens.copy_(torch.tensor([0, 20, 64, 67, 404], dtype=torch.int32, device="cuda"))
     p.cu_seqlens_comp.copy_(torch.tensor([0, 5, 16, 16, 100], dtype=torch.int32, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y_g, fwd()[0])
-    for a, b in zip(grads_g, bwd()):
+    direct = bwd(True)
+    for a, b in zip(grads_g, direct):
         assert torch.equal(a, b)
+    for i, (a, b) in enumerate(zip(atomic_g, direct)):
+        if i < 2:
+            assert torch.equal(a, b), "grad_kv / grad_score differ between the grad_ape forms"
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 @gpu

@@ -323,6 +323,11 @@ void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const 
   d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_ape), 0,
                                    static_cast<std::size_t>(ape_elems), stream),
           "cuMemsetD32Async (grad_ape)");
+  if (a.config.tail.norm) {
+    d.check(d.api().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(a.grad_norm_weight), 0,
+                                     static_cast<std::size_t>(a.config.head_dim), stream),
+            "cuMemsetD32Async (grad_norm_weight)");
+  }
 }
 
 OffsetReport Service::check_offsets(const std::int32_t* cu, const std::int32_t* cuc,

@@ -100,8 +100,9 @@ class Service {
 
   ScratchPool scratch_;  // stream workspaces and claim words
   // Before an atomic-grad_ape backward launch (both families): overwriting, hands the kernel
-  // `words` (claim_words), with which it zeroes grad_ape itself (claim_zero_if_first), or where
-  // there are none a memset of grad_ape goes first; accumulating, nothing.
+  // `words` (claim_words), with which it zeroes grad_ape (and the tail's grad_w) itself
+  // (claim_zero_if_first), or where there are none memsets of them go first; accumulating,
+  // nothing.
   void prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
                                std::int64_t ape_elems, CUdeviceptr words, CUstream stream);
 

@@ -56,12 +56,8 @@ int shared_limit_for_arch(const std::string& arch) {
 LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const std::string& arch,
                                    Direction direction) {
   s.kernel_direction = direction;
-  // A tail runs in the lanes form, its backward's grad_w in the fixed-order reduction
-  // (kernels/long_window_tail.cuh).
-  if (c.tail.any()) {
-    s.staged = false;
-    s.atomic_ape = false;
-  }
+  // A tail runs in the lanes form (kernels/long_window_tail.cuh).
+  if (c.tail.any()) s.staged = false;
   while (s.vec > 1 && c.head_dim % s.vec != 0) s.vec /= 2;
   int ceiling = 1;
   while (ceiling < c.head_dim) ceiling *= 2;

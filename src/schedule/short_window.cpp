@@ -108,8 +108,8 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
 }
 
 // The tail's backward: whole rows in a CTA (one column block of head_dim / vec threads, the
-// row lanes at most 8 so that each has a named barrier), the fixed order only (grad_w's
-// partials ride with grad_ape's), no resident kernel.
+// row lanes at most 8 so that each has a named barrier), no resident kernel; grad_w is summed
+// as grad_ape is, in the plain rule's form where the CTA has row lanes, else the fixed order.
 // An override's bv and ty are kept (ty within 1..8); tx always follows the vector width.
 void apply_tail_backward(ShortWindowSchedule& s, const Config& c, bool named_ty) {
   s.backward_vec = tail_vec(s.backward_vec, c.head_dim);
@@ -136,8 +136,13 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, bool named_ty)
   }
   s.backward_min_ctas = 0;
   s.backward_resident_ctas = 0;
-  s.fixed_order_default = true;
-  s.one_launch = false;
+  // One row lane (head_dim 512 and up): each CTA would add every grad_ape element alone, and
+  // the one launch measured slower than the kernel and the reduction (docs/notes/dropped.md);
+  // with row lanes it folds them first and the one launch pays.
+  if (s.backward_ty == 1) {
+    s.fixed_order_default = true;
+    s.one_launch = false;
+  }
 }
 
 }  // namespace
