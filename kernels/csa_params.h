@@ -158,7 +158,7 @@ struct BackwardParams {
   const void* norm_weight;
   const float* rope_cos;
   const float* rope_sin;
-  float* grad_w;        // atomic mode: zeroed by the claimant and added into
+  float* grad_w;        // the norm weight's gradient: the atomic form zeroes and adds into it
   const float* pooled;  // the long-window family's tail: the forward's pooled rows (fp32)
   float eps;
   csa_i32 rope_max_blocks;

@@ -159,6 +159,23 @@ TEST_F(FakeDriver, TailBackwardIsOneLaunchInBothFamilies) {
   }
 }
 
+// One row lane a CTA (the short-window tail at head_dim 512): the fixed order by default, the
+// kernel and the reduction; its module holds no atomic kernel.
+TEST_F(FakeDriver, WideShortWindowTailBackwardTakesTheFixedOrder) {
+  Config c{4, 512, 2};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  FakeRuntime rt;
+  rt.service.prewarm(c, 0, Family::kAuto);
+  rt.service.backward(tail_backward_args(c, 0), kStream, Family::kAuto);
+  EXPECT_EQ(state().launches, 2);
+  std::lock_guard<std::mutex> lock(state().mutex);
+  const auto& l = state().launched;
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_NE(l[0].find("short_window_backward"), std::string::npos) << l[0];
+  EXPECT_NE(l[1].find("ape_reduce"), std::string::npos) << l[1];
+}
+
 // Prewarm (and a plan's prepare) on the current context's device sets aside claim words, so
 // that a graph captured before any eager backward launches the atomic backward alone.
 TEST_F(FakeDriver, PrewarmSetsAsideClaimWordsForCapturedCalls) {

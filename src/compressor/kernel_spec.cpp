@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "compressor/grad_ape_policy.hpp"
 #include "compressor/kernel_sources.hpp"
 #include "compressor/kernel_templates.hpp"
 #include "csa_params.h"
@@ -135,8 +136,8 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
   } else {
     auto& slots = spec.slots.short_window;
     if (c.tail.any()) {
-      // The fused tail: its forward kernels and its backward in both grad_ape forms (the
-      // schedule's backward shape holds whole rows: select_short_window).
+      // The fused tail: its forward kernels and its backward in the grad_ape forms its schedule
+      // takes (the backward shape holds whole rows: select_short_window).
       const auto narrow = schedule::forward_kernel(s, c, false);
       const auto wide = schedule::forward_kernel(s, c, true);
       slots.forward = m.add(kt::kShortWindowForward, narrow.vec, narrow.threads, 0);
@@ -144,8 +145,10 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
           m.add(kt::kShortWindowForward, wide.vec, wide.threads, s.forward_wide_min_ctas);
       slots.backward_fixed =
           m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx, s.backward_ty, true, 0);
-      slots.backward_atomic =
-          m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx, s.backward_ty, false, 0);
+      if (short_window_grad_ape(s).atomic) {
+        slots.backward_atomic =
+            m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx, s.backward_ty, false, 0);
+      }
       slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
       const std::string label =
           fmt::format("short-r{}-c{}-d{}-{}-{}-{}", c.ratio, c.coff, c.head_dim,

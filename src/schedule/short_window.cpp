@@ -125,7 +125,7 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, bool named_ty)
     const std::int64_t row = std::int64_t{4} * c.head_dim * ty;
     return (ty > 1 ? row * (c.coff * c.ratio + 1) : 0) + 4 * row + 1024;
   };
-  while (s.backward_ty > 1 && shared_bytes(s.backward_ty) > 48 * 1024) {
+  while (s.backward_ty > 1 && shared_bytes(s.backward_ty) > std::int64_t{48} * 1024) {
     if (named_ty) {
       fail(Status::kInvalidArgument,
            "schedule override: ty={} row lanes of the tail's backward need {} bytes of shared "
