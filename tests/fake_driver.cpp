@@ -243,6 +243,14 @@ BackwardArgs backward_args(const Config& c, std::uint32_t flags) {
   a.total_comp = f.total_comp;
   a.config = c;
   a.flags = flags;
+  if (c.tail.any()) {  // the tail's tensors, each its own range
+    a.tail.norm_weight = fake_ptr<float>(0xb00000);
+    a.tail.rope_cos = fake_ptr<float>(0xb10000);
+    a.tail.rope_sin = fake_ptr<float>(0xb20000);
+    a.tail.rope_max_blocks = a.total_comp;
+    a.grad_norm_weight = fake_ptr<float>(0xb30000);
+    if (keeps_pooled_rows(c)) a.pooled = fake_ptr<float>(0xc00000);
+  }
   return a;
 }
 

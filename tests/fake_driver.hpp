@@ -70,6 +70,7 @@ T* fake_ptr(std::uintptr_t address) {
 }
 
 ForwardArgs forward_args(const Config& c);
+// With config.tail, also its tensors (and the pooled rows where the call keeps them).
 BackwardArgs backward_args(const Config& c, std::uint32_t flags = 0);
 
 class FakeDriver : public ::testing::Test {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -50,11 +49,8 @@ constexpr int kCapturedCallsPerSlab = (64 << 10) / 256;
 // fixed-order reduction when deterministic. Captured, with `captured_claim_words` one launch
 // with claim words of the call's own, as long as there are some, else (and when no claim words
 // are left) a memset of grad_ape (and of the tail's grad_w) and the launch.
-using ArgsFor = std::function<BackwardArgs(std::uint32_t flags)>;
-void expect_atomic_backward_in_one_launch(const Config& wide, bool captured_claim_words,
-                                          const ArgsFor& args_for = nullptr) {
-  const ArgsFor args =
-      args_for ? args_for : [&](std::uint32_t flags) { return backward_args(wide, flags); };
+void expect_atomic_backward_in_one_launch(const Config& wide, bool captured_claim_words) {
+  const auto args = [&](std::uint32_t flags) { return backward_args(wide, flags); };
   const int zeroed = wide.tail.norm ? 2 : 1;  // tensors a call without claim words memsets
   FakeRuntime rt;
   rt.service.prewarm(wide, 0, Family::kAuto);
@@ -137,25 +133,13 @@ TEST_F(FakeDriver, LongWindowAtomicBackwardIsOneLaunch) {
 // The fused tail's backward sums grad_ape and grad_w as the plain one sums grad_ape: one
 // launch by default (both zeroed by the kernel, or memset first where no claim words are left),
 // the kernel and the reduction when deterministic.
-BackwardArgs tail_backward_args(const Config& c, std::uint32_t flags) {
-  BackwardArgs a = backward_args(c, flags);
-  a.tail.norm_weight = fake_ptr<float>(0xb00000);
-  a.tail.rope_cos = fake_ptr<float>(0xb10000);
-  a.tail.rope_sin = fake_ptr<float>(0xb20000);
-  a.tail.rope_max_blocks = 8192;
-  a.grad_norm_weight = fake_ptr<float>(0xb30000);
-  if (keeps_pooled_rows(c)) a.pooled = fake_ptr<float>(0xc00000);
-  return a;
-}
-
 TEST_F(FakeDriver, TailBackwardIsOneLaunchInBothFamilies) {
   for (Config c : {Config{2, 256, 2}, Config{128, 512, 2}}) {
     SetUp();
     c.tail.norm = true;
     c.tail.rope_dim = 64;
     SCOPED_TRACE(tail_name(c.tail) + " at ratio " + std::to_string(c.ratio));
-    expect_atomic_backward_in_one_launch(c, /*captured_claim_words=*/true,
-                                         [&](std::uint32_t f) { return tail_backward_args(c, f); });
+    expect_atomic_backward_in_one_launch(c, /*captured_claim_words=*/true);
   }
 }
 
@@ -167,7 +151,7 @@ TEST_F(FakeDriver, WideShortWindowTailBackwardTakesTheFixedOrder) {
   c.tail.rope_dim = 64;
   FakeRuntime rt;
   rt.service.prewarm(c, 0, Family::kAuto);
-  rt.service.backward(tail_backward_args(c, 0), kStream, Family::kAuto);
+  rt.service.backward(backward_args(c), kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 2);
   std::lock_guard<std::mutex> lock(state().mutex);
   const auto& l = state().launched;
