@@ -20,7 +20,6 @@ TEST(ShortWindowSchedule, TailBackwardHoldsWholeRowsAndFoldsRowLanesBeforeAtomic
   EXPECT_EQ(s.backward_tx * s.backward_vec, 512);
   EXPECT_EQ(s.backward_ty, 1);
   EXPECT_FALSE(compressor::short_window_grad_ape(s).atomic);
-  EXPECT_EQ(s.backward_resident_ctas, 0);
   c.head_dim = 128;
   s = schedule::select_short_window(c);
   EXPECT_EQ(s.backward_tx, 64);
@@ -53,6 +52,11 @@ TEST(ShortWindowSchedule, ReductionLanesFollowTheMeasuredRuleAndCanBeOverridden)
   EXPECT_EQ(schedule::select_short_window({4, 128, 2}, std::string("rl=32")).reduce_lanes, 32);
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("rl=3")), Error);
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("rl=64")), Error);
+  // The tail's fixed order at one row lane a CTA reads one partial per CTA: 32 lanes.
+  Config tail{2, 512, 2};
+  tail.tail.norm = true;
+  EXPECT_EQ(schedule::select_short_window(tail).reduce_lanes, 32);
+  EXPECT_EQ(schedule::select_short_window(tail, std::string("rl=8")).reduce_lanes, 8);
 }
 
 TEST(ShortWindowSchedule, BackwardResidencyTargetIsTheCompilersUnlessOverridden) {
@@ -75,12 +79,16 @@ TEST(ShortWindowSchedule, LargeBackwardCallsOfOtherLayoutsAndTypesTakeTheResiden
   EXPECT_EQ(schedule::select_short_window({8, 512, 2}).backward_resident_ctas, 0);  // 16 slots
   EXPECT_EQ(schedule::select_short_window({8, 128, 1}).backward_resident_ctas, 3);
   // Packed bf16 keeps one backward kernel; every other type and layout gets the second.
-  EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kBf16, csa_kernel::kLayoutThdPacked), 0);
+  EXPECT_EQ(schedule::backward_resident_ctas_for(s, c, csa_kernel::kLayoutThdPacked), 0);
   for (int layout : {csa_kernel::kLayoutThdStrided, csa_kernel::kLayoutSbhd})
-    EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kBf16, layout), 3);
-  EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kF16, csa_kernel::kLayoutThdPacked), 3);
+    EXPECT_EQ(schedule::backward_resident_ctas_for(s, c, layout), 3);
+  Config f16 = c;
+  f16.dtype = DType::kF16;
+  EXPECT_EQ(schedule::backward_resident_ctas_for(s, f16, csa_kernel::kLayoutThdPacked), 3);
+  Config f32 = c;
+  f32.dtype = DType::kF32;
   for (int layout : {csa_kernel::kLayoutThdPacked, csa_kernel::kLayoutSbhd})
-    EXPECT_EQ(schedule::backward_resident_ctas_for(s, DType::kF32, layout), 0);
+    EXPECT_EQ(schedule::backward_resident_ctas_for(s, f32, layout), 0);
   // By elements: 4,2,512 at 1x4096 tokens (1024 rows) takes it; 4,2,128 at 1x8192 does not.
   EXPECT_TRUE(schedule::backward_takes_resident(s, c, 1024));
   EXPECT_TRUE(schedule::backward_takes_resident(s, c, 6144));
@@ -525,6 +533,40 @@ TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward)
   EXPECT_NE(names[static_cast<std::size_t>(slots.backward_fixed_resident)].find(",true,3>"),
             std::string::npos);
   EXPECT_EQ(names.size(), packed.request.name_expressions.size() + 2);
+}
+
+// The tail's backward (104-124 registers a thread) at windows of 5..8 slots: a resident kernel
+// in every module but fp32's, in the grad_ape forms the module holds, from 2^20 elements.
+TEST(KernelTemplates, TheTailsResidentBackwardServesLargeCalls) {
+  Config c{4, 512, 2};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  const auto s = schedule::select_short_window(c);
+  EXPECT_EQ(s.backward_resident_ctas, 3);
+  EXPECT_EQ(s.backward_resident_min_elements, schedule::kTailResidentMinElements);
+  EXPECT_FALSE(schedule::backward_takes_resident(s, c, 1024));  // 1x4096 tokens
+  EXPECT_TRUE(schedule::backward_takes_resident(s, c, 2048));   // 1x8192
+  const auto spec = compressor::make_module_spec(c, csa_kernel::kLayoutThdPacked,
+                                                 Family::kShortWindow, s, "sm_90", {});
+  const auto& slots = spec.slots.short_window;
+  ASSERT_GE(slots.backward_fixed_resident, 0);
+  EXPECT_EQ(slots.backward_atomic_resident, -1);  // one row lane: the fixed order only
+  EXPECT_NE(
+      spec.request.name_expressions[static_cast<std::size_t>(slots.backward_fixed_resident)].find(
+          ",true,3>"),
+      std::string::npos);
+  c.head_dim = 128;  // row lanes: both forms
+  const auto narrow = schedule::select_short_window(c);
+  const auto both = compressor::make_module_spec(c, csa_kernel::kLayoutThdPacked,
+                                                 Family::kShortWindow, narrow, "sm_90", {});
+  EXPECT_GE(both.slots.short_window.backward_atomic_resident, 0);
+  EXPECT_GE(both.slots.short_window.backward_fixed_resident, 0);
+  Config f32 = c;
+  f32.dtype = DType::kF32;
+  EXPECT_EQ(schedule::backward_resident_ctas_for(narrow, f32, csa_kernel::kLayoutThdPacked), 0);
+  Config wide = c;  // 2 slots a window: none
+  wide.ratio = 1;
+  EXPECT_EQ(schedule::select_short_window(wide).backward_resident_ctas, 0);
 }
 
 TEST(ShortWindowSchedule, TheFp16WideForwardHasTheResidencyTarget) {

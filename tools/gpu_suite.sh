@@ -67,6 +67,10 @@ if want resident; then
   CSA_SHORT_WINDOW_SCHEDULE=bresmin=0 "$build/tests/csa_gpu_tests" --gtest_filter='*GpuIo*:Gpu.Adversarial*:Gpu.Sbhd*' \
     >"$out/gpu_tests_resident.log" 2>&1
   summary+=("gpu tests, resident backward on every call: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_resident.log" | tr '\n' ' ')")
+  # The tails' resident backward kernels (windows of 5..8 slots) on every call likewise.
+  CSA_SHORT_WINDOW_SCHEDULE=bresmin=0 "$build/tests/csa_gpu_tests" --gtest_filter='Tails/GpuTail.Backward*/r4_c2*' \
+    >"$out/gpu_tests_resident_tail.log" 2>&1
+  summary+=("gpu tests, tails' resident backward on every call: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_resident_tail.log" | tr '\n' ' ')")
   # The wide forward (its fp16 kernel with the residency target) on every call likewise.
   CSA_SHORT_WINDOW_SCHEDULE=fwmin=0 "$build/tests/csa_gpu_tests" --gtest_filter='*GpuIo*' \
     >"$out/gpu_tests_wide.log" 2>&1

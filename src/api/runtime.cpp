@@ -106,9 +106,8 @@ ScheduleChoice Runtime::select_schedule(const Config& config, Direction directio
     if (direction == Direction::kBackward) {
       // The kernel of this row count: the resident one of the call's kernels, if they have one.
       const int kernel_layout = compressor::kernel_layouts(config).back();
-      const bool resident =
-          schedule::backward_resident_ctas_for(s, config.dtype, kernel_layout) > 0 &&
-          schedule::backward_takes_resident(s, config, rows);
+      const bool resident = schedule::backward_resident_ctas_for(s, config, kernel_layout) > 0 &&
+                            schedule::backward_takes_resident(s, config, rows);
       choice.schedule += resident ? ",kernel=resident" : ",kernel=default";
     } else {
       const schedule::ForwardChoice f = schedule::forward_choice(s, config, rows);

@@ -203,11 +203,14 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
           regs, shared);
     };
     const ShortWindowSlots& slots = prepared->slots.short_window;
-    // The tail's modules hold the fixed-order backward only.
+    // A tail module at one row lane a CTA holds the fixed-order backward only.
     prepared->backward_ctas_per_sm =
         ctas_of(slots.backward_atomic >= 0 ? slots.backward_atomic : slots.backward_fixed);
-    if (slots.backward_atomic_resident >= 0)
-      prepared->resident_backward_ctas_per_sm = ctas_of(slots.backward_atomic_resident);
+    if (slots.backward_fixed_resident >= 0) {
+      prepared->resident_backward_ctas_per_sm =
+          ctas_of(slots.backward_atomic_resident >= 0 ? slots.backward_atomic_resident
+                                                      : slots.backward_fixed_resident);
+    }
   }
   return prepared;
 }

@@ -88,9 +88,10 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
 
   const auto& s = p.schedule;
   const ShortWindowSlots& slots = p.slots.short_window;
-  // Large calls take the resident kernel where the module has one.
+  // Large calls take the resident kernel where the module has one (a tail's module: in the
+  // grad_ape forms it holds).
   const bool resident =
-      slots.backward_atomic_resident >= 0 && schedule::backward_takes_resident(s, c, a.total_comp);
+      slots.backward_fixed_resident >= 0 && schedule::backward_takes_resident(s, c, a.total_comp);
   const auto grid =
       schedule::backward_grid(s, c, a.total_comp, p.device.sm_count,
                               resident ? p.resident_backward_ctas_per_sm : p.backward_ctas_per_sm);

@@ -108,10 +108,12 @@ void apply_override(ShortWindowSchedule& s, const Config& c, const std::string& 
 }
 
 // The tail's backward: whole rows in a CTA (one column block of head_dim / vec threads, the
-// row lanes at most 8 so that each has a named barrier), no resident kernel; grad_w is summed
+// row lanes at most 8 so that each has a named barrier); grad_w is summed
 // as grad_ape is, in the plain rule's form where the CTA has row lanes, else the fixed order.
 // An override's bv and ty are kept (ty within 1..8); tx always follows the vector width.
-void apply_tail_backward(ShortWindowSchedule& s, const Config& c, bool named_ty) {
+template <class Named>
+void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& named) {
+  const bool named_ty = named("ty=");
   s.backward_vec = tail_vec(s.backward_vec, c.head_dim);
   if (s.backward_vec == 0)
     fail(Status::kUnsupported, "no tail kernel serves head_dim {}", c.head_dim);
@@ -134,14 +136,19 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, bool named_ty)
     }
     s.backward_ty /= 2;
   }
-  s.backward_min_ctas = 0;
-  s.backward_resident_ctas = 0;
+  if (!named("bmin=")) s.backward_min_ctas = 0;
+  // The resident kernel (the rule's windows of 5..8 slots, CTAs of at most 256 threads): from
+  // 2^20 output elements, where it measured faster; below, the default kernel was.
+  if (!named("bres=") && s.backward_tx * s.backward_ty > 256) s.backward_resident_ctas = 0;
+  if (!named("bresmin=")) s.backward_resident_min_elements = kTailResidentMinElements;
   // One row lane (head_dim 512 and up): each CTA would add every grad_ape element alone, and
   // the one launch measured slower than the kernel and the reduction (docs/notes/dropped.md);
-  // with row lanes it folds them first and the one launch pays.
+  // with row lanes it folds them first and the one launch pays. Its reduction reads one
+  // partial per CTA (256 and more at 4096 tokens): 32 lanes a column issue them in one batch.
   if (s.backward_ty == 1) {
-    s.fixed_order_default = true;
-    s.one_launch = false;
+    if (!named("fixed=")) s.fixed_order_default = true;
+    if (!named("one=")) s.one_launch = false;
+    if (!named("rl=")) s.reduce_lanes = 32;
   }
 }
 
@@ -182,15 +189,14 @@ ShortWindowSchedule select_short_window(const Config& c,
   if (!override_spec || override_spec->find("ty=") == std::string::npos) {
     s.backward_ty = backward_block_y(s.backward_tx);
   }
-  if (c.tail.any())
-    apply_tail_backward(s, c, override_spec && override_spec->find("ty=") != std::string::npos);
-  // An SM holds at most 2048 threads (and 32 CTAs). The rule's residency targets follow an
-  // overridden block shape; a target the override names must fit it.
-  const int backward_threads = s.backward_tx * s.backward_ty;
   auto named = [&](const char* key) {
     return override_spec &&
            ("," + *override_spec).find(std::string(",") + key) != std::string::npos;
   };
+  if (c.tail.any()) apply_tail_backward(s, c, named);
+  // An SM holds at most 2048 threads (and 32 CTAs). The rule's residency targets follow an
+  // overridden block shape; a target the override names must fit it.
+  const int backward_threads = s.backward_tx * s.backward_ty;
   if (!named("bres="))
     s.backward_resident_ctas = std::min(s.backward_resident_ctas, 2048 / backward_threads);
   if (!named("fwctas="))
@@ -208,9 +214,10 @@ ShortWindowSchedule select_short_window(const Config& c,
   return s;
 }
 
-int backward_resident_ctas_for(const ShortWindowSchedule& s, DType dtype, int kernel_layout) {
-  if (dtype == DType::kF32) return 0;
-  if (dtype == DType::kBf16 && kernel_layout == csa_kernel::kLayoutThdPacked) return 0;
+int backward_resident_ctas_for(const ShortWindowSchedule& s, const Config& c, int kernel_layout) {
+  if (c.dtype == DType::kF32) return 0;
+  if (!c.tail.any() && c.dtype == DType::kBf16 && kernel_layout == csa_kernel::kLayoutThdPacked)
+    return 0;
   return s.backward_resident_ctas;
 }
 

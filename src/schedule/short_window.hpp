@@ -12,6 +12,8 @@ namespace csa::schedule {
 
 // The whole window lives in registers: 0 spills up to this ratio on sm_80..sm_100 (CI checks).
 inline constexpr int kShortWindowMaxRatio = 16;
+// The fewest output elements of a tail's backward call that take its resident kernel.
+inline constexpr std::int64_t kTailResidentMinElements = std::int64_t{1} << 20;
 
 struct ShortWindowSchedule {
   // Small calls (total_comp * head_dim < forward_wide_min_elements) run the narrow forward:
@@ -34,7 +36,8 @@ struct ShortWindowSchedule {
   // kernel needs more registers than that, the DRAM-bound large calls measured faster with the
   // residency and the small ones slower (docs/performance.md).
   int backward_resident_ctas = 0;
-  std::int64_t backward_resident_min_elements = std::int64_t{1} << 19;
+  std::int64_t backward_resident_min_elements = std::int64_t{1}
+                                                << 19;  // a tail's: 2^20 (kTailResidentMinElements)
   int reduce_lanes = 8;  // fixed-order grad_ape reduction: lanes per column (see the rule)
   bool fixed_order_default = true;  // grad_ape without atomics even when not asked for
   // A default (not deterministic) backward that fixed_order_default gives two launches (rows,
@@ -68,11 +71,12 @@ ForwardChoice forward_kernel(const ShortWindowSchedule& s, const Config& config,
 // (csa_kernel::tail_row_threads_ok of head_dim / vec); 0: no width serves head_dim.
 int tail_vec(int preferred, int head_dim);
 
-// The residency target of the second backward kernel of the module for `kernel_layout`
-// (csa_kernel::LayoutKind) in `dtype`; 0: that module has none. Packed bf16 has none: its
-// default kernel already fits three CTAs per SM (80 registers) where the rule asks for them;
-// fp32 has none: its resident kernel measured slower.
-int backward_resident_ctas_for(const ShortWindowSchedule& s, DType dtype, int kernel_layout);
+// The residency target of the second backward kernel of the module of `config` for
+// `kernel_layout` (csa_kernel::LayoutKind); 0: that module has none. Packed bf16 without a tail
+// has none: its default kernel already fits three CTAs per SM (80 registers) where the rule
+// asks for them (the tail's takes 104-124); fp32 has none: its resident kernel measured slower.
+int backward_resident_ctas_for(const ShortWindowSchedule& s, const Config& config,
+                               int kernel_layout);
 
 // Whether a backward call with `total_comp` rows takes the second (resident) kernel of a
 // module that has one.
