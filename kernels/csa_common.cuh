@@ -90,6 +90,25 @@ __device__ __forceinline__ void reset(unsigned long long* state, unsigned ctas) 
   asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(state), "l"(next_generation(ctas))
                : "memory");
 }
+
+// A claim word as a plain arrival counter (the long-window tail's rows): an arrival adds one
+// to its low bits (acquire / release at gpu scope) and returns the count before it; the last
+// of `arrivals` clears them again, keeping the generation, so that the word is one that both
+// uses take as unused (no arrivals) whichever used it last.
+// NOTE: the generation is not a count: a counter must never be read from the whole word.
+__device__ __forceinline__ unsigned count_arrival(unsigned long long* state) {
+  unsigned long long before;
+  asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
+               : "=l"(before)
+               : "l"(state)
+               : "memory");
+  return static_cast<unsigned>(before & kArrivals);
+}
+__device__ __forceinline__ void clear_arrivals(unsigned long long* state, unsigned arrivals) {
+  asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(state),
+               "l"(0ull - static_cast<unsigned long long>(arrivals))
+               : "memory");
+}
 }  // namespace claim_word
 
 // Thread 0's arrival; the word before it, which only thread 0 holds. Relaxed, so that nothing

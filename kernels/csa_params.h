@@ -116,11 +116,11 @@ struct ForwardParams {
   const float* rope_sin;
   float* rstd;  // (total_comp,) or null
   // The long-window family's tail: every column slice's CTA writes its fp32 pooled values to
-  // `pooled` (total_comp, head_dim) and arrives at its row's word of `row_arrivals` (zero
-  // when allocated; the row's last arrival runs the tail over the whole row and leaves it
-  // zero again).
+  // `pooled` (total_comp, head_dim) and arrives at its row's claim word in `row_arrivals`
+  // (claim_word::count_arrival: words of the claim-word pool, which grad_ape's claims share;
+  // the row's last arrival runs the tail over the whole row and clears its arrivals).
   float* pooled;
-  unsigned* row_arrivals;
+  unsigned long long* row_arrivals;
   float eps;
   csa_i32 rope_max_blocks;
 };

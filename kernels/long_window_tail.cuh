@@ -1,7 +1,7 @@
 // The tail epilogue (tail_epilogue.cuh) in the long-window family's lanes form, whose CTAs hold
 // a column slice of a row (forward) or of a row group (backward), never a whole row:
 //   forward:  every slice's CTA writes its fp32 pooled values to p.pooled and arrives at its
-//             row's word of p.row_arrivals; the row's last arrival reads the whole pooled row
+//             row's claim word in p.row_arrivals; the row's last arrival reads the whole pooled row
 //             back from L2 and runs the tail over it with all its threads (long_tail_vec
 //             columns each), so y is written once, by one CTA, in one fixed order.
 //   backward: every CTA reads each of its rows' grad_y and the forward's pooled row whole and
@@ -26,16 +26,11 @@ struct LongTail {
     return static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
   }
 
-  // The arrival of this CTA at its row's word, releasing its pooled values (the CTA's barrier
-  // before it orders the other threads' stores) and, for the last one, acquiring the others'.
-  // Returns the count of arrivals before it.
-  static __device__ __forceinline__ unsigned arrive(unsigned* word) {
-    unsigned before;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                 : "=r"(before)
-                 : "l"(word)
-                 : "memory");
-    return before;
+  // The arrival of this CTA at its row's claim word (claim_word::count_arrival), releasing
+  // its pooled values (the CTA's barrier before it orders the other threads' stores) and, for
+  // the last one, acquiring the others'. Returns the count of arrivals before it.
+  static __device__ __forceinline__ unsigned arrive(unsigned long long* word) {
+    return claim_word::count_arrival(word);
   }
 
   // Every thread of the CTA, after its last use of shared memory: `value` is this thread's
@@ -57,7 +52,8 @@ struct LongTail {
       int is_last = 1;
       if constexpr (SLICES > 1) {
         is_last = arrive(p.row_arrivals + row) + 1 == SLICES;
-        if (is_last) p.row_arrivals[row] = 0u;  // for the next launch (after this grid's end)
+        // For the next launch (after this grid's end).
+        if (is_last) claim_word::clear_arrivals(p.row_arrivals + row, SLICES);
       }
       last = is_last;
     }

@@ -593,5 +593,32 @@ TEST_F(Gpu, LongWindowTailRejectionsLeaveTheOutputsUntouched) {
   EXPECT_EQ(tools::DeviceInputs::download(dev.out), out_before);
 }
 
+// The long-window tail's row arrivals and grad_ape's claims share the claim-word pool of a
+// stream: after many atomic backwards (each leaving its words at a new generation) the tail's
+// forward still runs every row's tail once, to the same bits.
+TEST_F(Gpu, LongWindowTailSharesClaimWordsWithAtomicBackwards) {
+  const std::uint64_t seed = base_seed() + 17;
+  TailProblem tail({128, 1, 512, shape(true, 64, false), DType::kBf16, Layout::kThd}, seed);
+  TailProblem plain({4, 2, 128, TailShape{}, DType::kBf16, Layout::kThd}, seed + 1);
+  SCOPED_TRACE(tail.p.describe());
+  const ForwardArgs f = tail.forward_args();
+  auto forward = [&] {
+    tail.dev.out.fill(0xff);
+    g_runtime->forward(f, nullptr);
+    device::synchronize(nullptr);
+    return tools::DeviceInputs::download(tail.dev.out);
+  };
+  const std::vector<std::uint8_t> first = forward();
+  for (int i = 0; i < 40; ++i) g_runtime->backward(plain.backward_args(0), nullptr);
+  device::synchronize(nullptr);
+  EXPECT_EQ(forward(), first) << "the tail's forward after 40 atomic backwards on its stream";
+  // Every row written: no 0xff poison left (a row whose tail never ran keeps it).
+  const std::vector<std::uint8_t> again = forward();
+  std::size_t poisoned = 0;
+  for (std::size_t i = 0; i + 1 < again.size(); i += 2)
+    poisoned += again[i] == 0xff && again[i + 1] == 0xff ? 1 : 0;
+  EXPECT_EQ(poisoned, 0u) << "rows the tail never wrote";
+}
+
 }  // namespace
 }  // namespace csa::test

@@ -140,15 +140,15 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
       params.pooled = device_ptr<float>(pooled);
     }
     if (slices > 1) {
-      // Claim words are 8 bytes; the arrival words 4.
-      const std::int64_t words8 = (a.total_comp + 1) / 2;
-      CUdeviceptr words = scratch_.claim_words(words8, capturing, stream);
+      // One claim word a row (its arrivals in the low bits, as grad_ape's claims keep them).
+      CUdeviceptr words = scratch_.claim_words(a.total_comp, capturing, stream);
       if (words == 0) {  // captured with none left: the graph's own, zeroed in the graph
-        words = graph_words.emplace(d, static_cast<std::size_t>(words8) * 8, stream).get();
-        d.check(d.api().cuMemsetD32Async(words, 0, static_cast<std::size_t>(words8) * 2, stream),
+        const std::size_t bytes = static_cast<std::size_t>(a.total_comp) * 8;
+        words = graph_words.emplace(d, bytes, stream).get();
+        d.check(d.api().cuMemsetD32Async(words, 0, bytes / 4, stream),
                 "cuMemsetD32Async (the tail's arrival words)");
       }
-      params.row_arrivals = device_ptr<unsigned>(words);
+      params.row_arrivals = device_ptr<unsigned long long>(words);
     }
   }
   launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
