@@ -13,7 +13,7 @@ from torch import Tensor
 
 from . import _checks, _lib
 
-__all__ = ["forward_impl", "backward_impl", "EagerCompress"]
+__all__ = ["forward_impl", "backward_impl", "dense_like", "EagerCompress"]
 
 _ready = threading.local()  # devices whose context this thread has made current
 
@@ -63,6 +63,12 @@ def _args(shape: _checks.Shape, ratio: int, coff: int, total_comp: int, kv: Tens
     if cu_seqlens is not None and cu_seqlens_comp is not None:
         a.cu_seqlens, a.cu_seqlens_comp = cu_seqlens.data_ptr(), cu_seqlens_comp.data_ptr()
     return a
+
+
+def dense_like(t: Tensor, row_stride: int) -> Tensor:
+    """An uninitialised contiguous tensor of t's shape and dtype: ``empty_like`` (the cheaper
+    call) where t is contiguous itself (``row_stride`` 0), else ``new_empty``."""
+    return torch.empty_like(t) if row_stride == 0 else t.new_empty(t.shape)
 
 
 def _offsets(cu_seqlens: Optional[Tensor], cu_seqlens_comp: Optional[Tensor]) -> dict[str, int]:
@@ -115,8 +121,8 @@ def backward_impl(grad_out: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
     # Every element of the three gradients is written by the kernels (exact zeros where
     # nothing is consumed; grad_ape overwritten): uninitialised memory is fine. Dense, whatever
     # the inputs' row strides.
-    grad_kv = kv.new_empty(kv.shape)
-    grad_score = score.new_empty(score.shape)
+    grad_kv = dense_like(kv, shape.kv_stride)
+    grad_score = dense_like(score, shape.score_stride)
     grad_ape = torch.empty_like(ape)
     if not launch or not kv.is_cuda:
         return grad_kv, grad_score, grad_ape

@@ -206,8 +206,8 @@ def tail_backward_impl(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
     _checks.grad_out(grad_y, shape, total_comp, kv.device)
     if keeps_pooled(ratio, spec):
         _check_pooled(pooled, total_comp, shape.head_dim, kv.device)
-    grad_kv = kv.new_empty(kv.shape)
-    grad_score = score.new_empty(score.shape)
+    grad_kv = _ops.dense_like(kv, shape.kv_stride)
+    grad_score = _ops.dense_like(score, shape.score_stride)
     grad_ape = torch.empty_like(ape)
     grad_w = kv.new_empty((shape.head_dim if spec.norm else 0,), dtype=torch.float32)
     if not launch or not kv.is_cuda:
