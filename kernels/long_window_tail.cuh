@@ -26,13 +26,6 @@ struct LongTail {
     return static_cast<int>(threadIdx.y * blockDim.x + threadIdx.x);
   }
 
-  // The arrival of this CTA at its row's claim word (claim_word::count_arrival), releasing
-  // its pooled values (the CTA's barrier before it orders the other threads' stores) and, for
-  // the last one, acquiring the others'. Returns the count of arrivals before it.
-  static __device__ __forceinline__ unsigned arrive(unsigned long long* word) {
-    return claim_word::count_arrival(word);
-  }
-
   // Every thread of the CTA, after its last use of shared memory: `value` is this thread's
   // pooled value of column `col` where `has_value`. SLICES: the row's column slices (CTAs).
   template <int SLICES>
@@ -51,7 +44,9 @@ struct LongTail {
     if (threadIdx.x == 0 && threadIdx.y == 0) {
       int is_last = 1;
       if constexpr (SLICES > 1) {
-        is_last = arrive(p.row_arrivals + row) + 1 == SLICES;
+        // The arrival releases this CTA's pooled values (the barrier above orders the other
+        // threads' stores) and, for the last one, acquires the others'.
+        is_last = claim_word::count_arrival(p.row_arrivals + row) + 1 == SLICES;
         // For the next launch (after this grid's end).
         if (is_last) claim_word::clear_arrivals(p.row_arrivals + row, SLICES);
       }
