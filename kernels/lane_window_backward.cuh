@@ -558,20 +558,26 @@ __global__ void __launch_bounds__(
         lane_valid = lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, gkr, col, lane, gk0);
         lane_slot_base<RATIO, COFF, HEAD_DIM, VEC, LANES>(w, gsr, col, lane, gs0);
       }
+      // Runtime steps: two pointers advanced by one 64-bit add a slot each (an element offset
+      // re-scaled into an address at every slot cost twice the integer instructions).
+      [[maybe_unused]] typename IO::T* gk_at = grad_kv + gk0;
+      [[maybe_unused]] typename IO::T* gs_at = grad_score + gs0;
+      // A lane's slots are all valid or all invalid where SLOT_BASE holds: one test, not one a
+      // slot (the compiler kept a branch per slot).
 #pragma unroll
-      for (int j = 0; j < LW::C; ++j) {
+      for (int j = 0; j < LW::C && lane_valid; ++j) {
         const int k = lane * LW::C + j;
-        if (SLOT_BASE ? !lane_valid : (k >= LW::WIN || !G::valid(k, w.first))) continue;
+        if (!SLOT_BASE && (k >= LW::WIN || !G::valid(k, w.first))) continue;
         float gkv[VEC], gs[VEC];
         slot_gradients<VEC>(g, x[j], s[j], S_part, gkv, gs, dape[j]);
         if constexpr (SLOT_BASE && L::kPacked) {
           store_vec<E, VEC>(grad_kv + gk0 + gkr.steps(j), gkv);
           store_vec<E, VEC>(grad_score + gs0 + gsr.steps(j), gs);
         } else if constexpr (SLOT_BASE) {
-          store_vec<E, VEC>(grad_kv + gk0, gkv);
-          store_vec<E, VEC>(grad_score + gs0, gs);
-          gk0 += gkr.step;
-          gs0 += gsr.step;
+          store_vec<E, VEC>(gk_at, gkv);
+          store_vec<E, VEC>(gs_at, gs);
+          gk_at += gkr.step;
+          gs_at += gsr.step;
         } else {
           store_vec<E, VEC>(grad_kv + slot_offset<RATIO, COFF, HEAD_DIM>(w, gkr, k, col), gkv);
           store_vec<E, VEC>(grad_score + slot_offset<RATIO, COFF, HEAD_DIM>(w, gsr, k, col), gs);
