@@ -10,15 +10,47 @@ namespace csa_kernel {
 // score_k + ape_k and kv_k for each slot; the previous half only when `use_prev`. `sbase` /
 // `kbase` are the element offsets of the row's first own-block token in score / kv plus the
 // column; consecutive tokens lie `ss` / `ks` elements apart (compile-time in packed THD).
+// kv lands converted (KvSlot = float[VEC]) or as the raw elements (KvSlot = RawVec), which the
+// forward converts where it uses them (ForwardKv): fp16's conversion (cvt) stayed at the load,
+// so the wide fp16 forward held twice bf16's registers for its window. bf16's is a shift the
+// compiler places itself, and held raw the narrow bf16 forward ran slower.
 // NOTE: 64-bit row bases, so that every slot's load is the base plus a constant offset.
-template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int NPREV>
+template <class E, int VEC>
+__device__ __forceinline__ void load_kv(const typename E::T* p, float (&v)[VEC]) {
+  load_vec<E, VEC>(p, v);
+}
+template <class E, int VEC>
+__device__ __forceinline__ void load_kv(const typename E::T* p, RawVec<E, VEC>& raw) {
+  raw = load_raw<E, VEC>(p);
+}
+template <class E, int VEC>
+__device__ __forceinline__ void kv_to_f32(const float (&v)[VEC], float (&x)[VEC]) {
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) x[i] = v[i];
+}
+template <class E, int VEC>
+__device__ __forceinline__ void kv_to_f32(const RawVec<E, VEC>& raw, float (&x)[VEC]) {
+  raw_to_f32<E, VEC>(raw, x);
+}
+
+// How the forward holds a window slot's kv: raw where RAW (fp16 kernels whose registers a
+// residency target bounds), converted otherwise (held raw, the narrow forwards of every
+// two-byte type ran slower: docs/notes/dropped.md).
+template <bool RAW, class E, int VEC>
+struct ForwardKv {
+  using type = float[VEC];
+};
+template <class E, int VEC>
+struct ForwardKv<true, E, VEC> {
+  using type = RawVec<E, VEC>;
+};
+
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int NPREV, class KvSlot>
 __device__ __forceinline__ void load_window(const typename IO::T* score, const typename IO::T* kv,
                                             const float* ape, long long sbase, long long ss,
                                             long long kbase, long long ks, int col, bool use_prev,
-                                            float (&prev_s)[NPREV][VEC],
-                                            float (&prev_kv)[NPREV][VEC],
-                                            float (&own_s)[RATIO][VEC],
-                                            float (&own_kv)[RATIO][VEC]) {
+                                            float (&prev_s)[NPREV][VEC], KvSlot (&prev_kv)[NPREV],
+                                            float (&own_s)[RATIO][VEC], KvSlot (&own_kv)[RATIO]) {
   using E = typename IO::E;
   constexpr int W = COFF * HEAD_DIM;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;
@@ -27,7 +59,7 @@ __device__ __forceinline__ void load_window(const typename IO::T* score, const t
     for (int k = 0; k < NPREV; ++k) {
       float sc[VEC], ap[VEC];
       load_vec<E, VEC>(score + sbase - (RATIO - k) * ss, sc);
-      load_vec<E, VEC>(kv + kbase - (RATIO - k) * ks, prev_kv[k]);
+      load_kv<E, VEC>(kv + kbase - (RATIO - k) * ks, prev_kv[k]);
       load_f32<VEC>(ape + col + k * W, ap);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) prev_s[k][v] = __fadd_rn(sc[v], ap[v]);
@@ -37,7 +69,7 @@ __device__ __forceinline__ void load_window(const typename IO::T* score, const t
   for (int k = 0; k < RATIO; ++k) {
     float sc[VEC], ap[VEC];
     load_vec<E, VEC>(score + sbase + k * ss + OWN, sc);
-    load_vec<E, VEC>(kv + kbase + k * ks + OWN, own_kv[k]);
+    load_kv<E, VEC>(kv + kbase + k * ks + OWN, own_kv[k]);
     load_f32<VEC>(ape + col + k * W + OWN, ap);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) own_s[k][v] = __fadd_rn(sc[v], ap[v]);
@@ -104,24 +136,30 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS)
     const bool use_prev = COFF == 2 && !w.first;
     const TokenRows sr = L::rows(p, p.score_stride);
     const TokenRows kr = L::rows(p, p.kv_stride);
-    float prev_s[NPREV][VEC], prev_kv[NPREV][VEC];
-    float own_s[RATIO][VEC], own_kv[RATIO][VEC];
+    using Kv =
+        typename ForwardKv<IO::kElement == kElementF16 && MIN_CTAS != 0, typename IO::E, VEC>::type;
+    float prev_s[NPREV][VEC], own_s[RATIO][VEC];
+    Kv prev_kv[NPREV], own_kv[RATIO];
     load_window<IO, RATIO, COFF, HEAD_DIM, VEC, NPREV>(
         IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + col, sr.step, kr.at(w.t0) + col,
         kr.step, col, use_prev, prev_s, prev_kv, own_s, own_kv);
     softmax_weights<NPREV, RATIO, VEC>(prev_s, own_s, use_prev);
     if (use_prev) {
 #pragma unroll
-      for (int k = 0; k < NPREV; ++k)
+      for (int k = 0; k < NPREV; ++k) {
+        float x[VEC];
+        kv_to_f32<typename IO::E, VEC>(prev_kv[k], x);
 #pragma unroll
-        for (int v = 0; v < VEC; ++v)
-          acc[v] = __fadd_rn(acc[v], __fmul_rn(prev_kv[k][v], prev_s[k][v]));
+        for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(x[v], prev_s[k][v]));
+      }
     }
 #pragma unroll
-    for (int k = 0; k < RATIO; ++k)
+    for (int k = 0; k < RATIO; ++k) {
+      float x[VEC];
+      kv_to_f32<typename IO::E, VEC>(own_kv[k], x);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v)
-        acc[v] = __fadd_rn(acc[v], __fmul_rn(own_kv[k][v], own_s[k][v]));
+      for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(x[v], own_s[k][v]));
+    }
   }
   Store::template store_row<typename IO::E, VEC, HEAD_DIM, THREADS>(
       p, IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col, row, col, has_row, acc);
