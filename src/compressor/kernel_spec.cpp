@@ -141,8 +141,10 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
       const auto narrow = schedule::forward_kernel(s, c, false);
       const auto wide = schedule::forward_kernel(s, c, true);
       slots.forward = m.add(kt::kShortWindowForward, narrow.vec, narrow.threads, 0);
-      slots.forward_wide =
-          m.add(kt::kShortWindowForward, wide.vec, wide.threads, s.forward_wide_min_ctas);
+      if (schedule::has_wide_forward(s)) {
+        slots.forward_wide =
+            m.add(kt::kShortWindowForward, wide.vec, wide.threads, s.forward_wide_min_ctas);
+      }
       slots.backward_fixed = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
                                    s.backward_ty, true, s.backward_min_ctas);
       if (short_window_grad_ape(s).atomic) {
@@ -169,8 +171,10 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
     slots.backward_atomic = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
                                   s.backward_ty, false, s.backward_min_ctas);
     slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
-    slots.forward_wide = m.add(kt::kShortWindowForward, s.forward_wide_vec, s.forward_threads,
-                               s.forward_wide_min_ctas);
+    if (schedule::has_wide_forward(s)) {
+      slots.forward_wide = m.add(kt::kShortWindowForward, s.forward_wide_vec, s.forward_threads,
+                                 s.forward_wide_min_ctas);
+    }
     if (const int resident = schedule::backward_resident_ctas_for(s, c, kernel_layout)) {
       slots.backward_fixed_resident = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
                                             s.backward_ty, true, resident);

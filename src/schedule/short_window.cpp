@@ -182,6 +182,10 @@ ShortWindowSchedule select_short_window(const Config& c,
   // The same target for the fp16 wide forward (large calls only), whose conversions otherwise
   // take 96-102 registers where bf16 takes 80; no spill (sm_80..sm_100).
   s.forward_wide_min_ctas = c.dtype == DType::kF16 && window >= 5 && window <= 8 ? 3 : 0;
+  // Windows of more than 16 slots: the wide forward's window (four columns a thread) takes
+  // every register (and spills in fp16 and fp32), and the narrow forward measured faster at
+  // every call size in every type (docs/performance.md): no wide forward.
+  if (window > 16) s.forward_wide_min_elements = kNoWideForward;
   if (override_spec) apply_override(s, c, *override_spec);
   if (!override_spec || override_spec->find("tx=") == std::string::npos) {
     s.backward_tx = backward_block_x(c.head_dim / s.backward_vec);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -10,10 +11,14 @@
 
 namespace csa::schedule {
 
-// The whole window lives in registers: 0 spills up to this ratio on sm_80..sm_100 (CI checks).
+// The whole window lives in registers up to this ratio (local memory on sm_80..sm_100: the
+// compile tests and tests/local_memory.txt).
 inline constexpr int kShortWindowMaxRatio = 16;
 // The fewest output elements of a tail's backward call that take its resident kernel.
 inline constexpr std::int64_t kTailResidentMinElements = std::int64_t{1} << 20;
+// forward_wide_min_elements of a schedule with no wide forward: every call runs the narrow
+// one, and the module holds no wide kernel.
+inline constexpr std::int64_t kNoWideForward = std::numeric_limits<std::int64_t>::max();
 
 struct ShortWindowSchedule {
   // Small calls (total_comp * head_dim < forward_wide_min_elements) run the narrow forward:
@@ -60,6 +65,11 @@ struct ForwardChoice {
   int vec = 1;
   int threads = 256;
 };
+// Whether calls of `s` may take the wide forward (a module holds it only then).
+inline bool has_wide_forward(const ShortWindowSchedule& s) {
+  return s.forward_wide_min_elements != kNoWideForward;
+}
+
 ForwardChoice forward_choice(const ShortWindowSchedule& s, const Config& config,
                              std::int64_t total_comp);
 // The narrow (wide = false) or wide forward kernel of a module. With a tail (config.tail) the
