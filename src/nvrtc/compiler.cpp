@@ -147,9 +147,11 @@ CompileResult Compiler::compile(const CompileRequest& request) const {
 
 std::vector<KernelResources> parse_ptxas_report(const std::string& log, bool* malformed) {
   static const std::regex entry("Compiling entry function '([^']+)'");
+  static const std::regex properties("Function properties for (\\S+)");
   static const std::regex frame(
       "([0-9]+) bytes stack frame, ([0-9]+) bytes spill stores, ([0-9]+) bytes spill loads");
   static const std::regex regs("Used ([0-9]+) registers");
+  static const std::regex cumulative("([0-9]+) bytes cumulative stack size");
   // A report read back from a cache entry is not trusted: a number ptxas cannot print (more
   // registers than a thread may have, sizes beyond 1 GiB) makes the report malformed.
   constexpr int kMaxRegisters = 255;
@@ -164,15 +166,25 @@ std::vector<KernelResources> parse_ptxas_report(const std::string& log, bool* ma
   std::istringstream lines(log);
   std::string line;
   std::smatch m;
+  // NOTE: ptxas prints the properties of the module's device functions (a slow path the
+  // kernels call, say) among the entries' own, each after its "Function properties for" line.
+  // Their frames count towards the entry they follow, added to its own: never in its place,
+  // or a callee's zeros would hide the entry's spills.
   while (std::getline(lines, line)) {
     if (std::regex_search(line, m, entry)) {
       out.push_back(KernelResources{m[1].str()});
+    } else if (std::regex_search(line, m, properties)) {
+      // A device function's properties before any entry: a record of its own.
+      if (out.empty()) out.push_back(KernelResources{m[1].str()});
     } else if (!out.empty() && std::regex_search(line, m, frame)) {
-      out.back().stack_bytes = number(m[1], kMaxBytes);
-      out.back().spill_store_bytes = number(m[2], kMaxBytes);
-      out.back().spill_load_bytes = number(m[3], kMaxBytes);
+      KernelResources& k = out.back();
+      k.stack_bytes = std::max(k.stack_bytes, number(m[1], kMaxBytes));
+      k.spill_store_bytes += number(m[2], kMaxBytes);
+      k.spill_load_bytes += number(m[3], kMaxBytes);
     } else if (!out.empty() && std::regex_search(line, m, regs)) {
       out.back().registers = number(m[1], kMaxRegisters);
+      if (std::regex_search(line, m, cumulative))
+        out.back().stack_bytes = std::max(out.back().stack_bytes, number(m[1], kMaxBytes));
     }
   }
   if (malformed != nullptr) *malformed = bad;
