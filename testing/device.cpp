@@ -186,6 +186,35 @@ void Graph::launch(Stream stream) {
   d.check(d.api().cuGraphLaunch(exec_, raw(stream)), "cuGraphLaunch");
 }
 
+Module::Module(const std::vector<char>& cubin) {
+  driver::Driver& d = drv();
+  d.check(
+      d.api().cuLibraryLoadData(&library_, cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+      "cuLibraryLoadData");
+}
+
+Module::~Module() {
+  if (library_ != nullptr) drv().api().cuLibraryUnload(library_);
+}
+
+void Module::launch(const std::string& name, unsigned grid, unsigned block, void** args,
+                    Stream stream) {
+  driver::Driver& d = drv();
+  CUkernel kernel = nullptr;
+  d.check(d.api().cuLibraryGetKernel(&kernel, library_, name.c_str()), "cuLibraryGetKernel");
+  CUfunction function = nullptr;
+  d.check(d.api().cuKernelGetFunction(&function, kernel), "cuKernelGetFunction");
+  CUlaunchConfig config = {};
+  config.gridDimX = grid;
+  config.gridDimY = 1;
+  config.gridDimZ = 1;
+  config.blockDimX = block;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.hStream = raw(stream);
+  d.check(d.api().cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
+}
+
 void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream) {
   driver::Driver& d = drv();
   d.check(d.api().cuMemcpyDtoDAsync(reinterpret_cast<CUdeviceptr>(dst),

@@ -6,12 +6,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "csa/csa.hpp"  // Stream, DeviceInfo, Error
 
 struct CUevent_st;
 struct CUgraph_st;
 struct CUgraphExec_st;
+struct CUlib_st;
 
 namespace csa::device {
 
@@ -82,6 +85,20 @@ class Graph {
  private:
   CUgraph_st* graph_ = nullptr;
   CUgraphExec_st* exec_ = nullptr;
+};
+
+// A cubin the caller compiled itself (a test's own kernels), loaded on the current context.
+class Module {
+ public:
+  explicit Module(const std::vector<char>& cubin);
+  ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  // Launches the kernel of lowered name `name`; `args` points at each argument in order.
+  void launch(const std::string& name, unsigned grid, unsigned block, void** args, Stream stream);
+
+ private:
+  CUlib_st* library_ = nullptr;
 };
 
 void copy_async(void* dst, const void* src, std::size_t bytes, Stream stream);
