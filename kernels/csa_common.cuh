@@ -2,6 +2,7 @@
 // THD row-to-window mapping with clamping. Self-contained: NVRTC needs no CUDA include directory.
 #pragma once
 #include "csa_params.h"
+#include "exact_math.cuh"
 
 namespace csa_kernel {
 
@@ -195,27 +196,6 @@ __device__ __forceinline__ unsigned short f32_to_bf16(float f) {
   return r;
 }
 
-// IEEE division for softmax weights without the division slow-path call in the common case:
-// that call makes ptxas spill registers around it. The inline sequence is the fast path the
-// compiler itself emits for div.rn.f32 (reciprocal, one Newton step, quotient, exact FMA
-// remainder, correction); it is correctly rounded while no operand, remainder or quotient
-// leaves the normal range. softmax_weights() checks that once per column (den in [1, 2^24],
-// every weight 0 or >= e^-41 > 2^-60) and otherwise divides with the exact slow path.
-__device__ __noinline__ float div_rn_slow(float a, float b) {
-  return __fdiv_rn(a, b);
-}
-
-__device__ __forceinline__ float refined_reciprocal(float b) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
-  return __fmaf_rn(__fmaf_rn(-b, r, 1.0f), r, r);
-}
-
-__device__ __forceinline__ float div_rn_fast(float a, float b, float r) {
-  const float q = __fmul_rn(a, r);
-  return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
-}
-
 __device__ __forceinline__ float neg_inf() {
   return __int_as_float(0xff800000);
 }
@@ -333,12 +313,12 @@ __device__ __forceinline__ void softmax_weights(float (&prev)[NPREV][VEC], float
 #pragma unroll
       for (int k = 0; k < NPREV; ++k)
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) prev[k][v] = div_rn_slow(prev[k][v], den[v]);
+        for (int v = 0; v < VEC; ++v) prev[k][v] = div_rn_exact(prev[k][v], den[v], r[v]);
     }
 #pragma unroll
     for (int k = 0; k < NOWN; ++k)
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) own[k][v] = div_rn_slow(own[k][v], den[v]);
+      for (int v = 0; v < VEC; ++v) own[k][v] = div_rn_exact(own[k][v], den[v], r[v]);
   }
 }
 

@@ -122,10 +122,10 @@ __host__ __device__ constexpr int serial_lanes_per_warp() {
 // per element: q1 is a faithful quotient after one correction, and Markstein's theorem makes
 // the second correction RN(e / den) (remainders exact by FMA). Valid while nothing
 // underflows: den in [1, window] (the max's e is 1) and e >= 2^-100; anything else (tiny e,
-// NaN) takes __fdiv_rn. At 128,2,128 the per-element division was half of the serial
-// forward's MUFU work (the other half is expf).
+// NaN) takes div_rn_exact, exact there too. At 128,2,128 the per-element division was half of
+// the serial forward's MUFU work (the other half is expf).
 __device__ __forceinline__ float serial_quotient(float e, float den, float inv) {
-  if (!(e >= 0x1p-100f) || !(den >= 1.0f && den <= 0x1p24f)) return __fdiv_rn(e, den);
+  if (!(e >= 0x1p-100f) || !(den >= 1.0f && den <= 0x1p24f)) return div_rn_exact(e, den, inv);
   const float q0 = __fmul_rn(e, inv);
   const float q1 = __fmaf_rn(__fmaf_rn(-q0, den, e), inv, q0);
   return __fmaf_rn(__fmaf_rn(-q1, den, e), inv, q1);

@@ -170,13 +170,14 @@ struct TailEpilogue {
     }
   }
 
-  // 1 / sqrt(Σx² / d + eps); Σx² / d is exact as a product where d is a power of two.
+  // 1 / sqrt(Σx² / d + eps); Σx² / d is exact as a product where d is a power of two (the tail
+  // is under the tolerance contract: elsewhere the division may round its rare operands twice).
   template <int HEAD_DIM>
   static __device__ __forceinline__ float rstd_of(float sum_sq, float eps) {
     const float mean = (HEAD_DIM & (HEAD_DIM - 1)) == 0
                            ? __fmul_rn(sum_sq, 1.0f / static_cast<float>(HEAD_DIM))
-                           : __fdiv_rn(sum_sq, static_cast<float>(HEAD_DIM));
-    return __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
+                           : div_near(sum_sq, static_cast<float>(HEAD_DIM), 1.0f / HEAD_DIM);
+    return rcp_rn(sqrt_rn(__fadd_rn(mean, eps)));
   }
 
   // n = (x · rstd) · w; returns rstd.
@@ -382,9 +383,10 @@ struct TailEpilogue {
       row_sums<NCV, THREADS>(sums, red[parity], tid);
       const float rstd = rstd_of<HEAD_DIM>(sums[0], p.eps);
       const float cubed = __fmul_rn(__fmul_rn(rstd, rstd), rstd);
-      const float coef = (HEAD_DIM & (HEAD_DIM - 1)) == 0
-                             ? __fmul_rn(__fmul_rn(cubed, sums[1]), 1.0f / HEAD_DIM)
-                             : __fdiv_rn(__fmul_rn(cubed, sums[1]), static_cast<float>(HEAD_DIM));
+      const float coef =
+          (HEAD_DIM & (HEAD_DIM - 1)) == 0
+              ? __fmul_rn(__fmul_rn(cubed, sums[1]), 1.0f / HEAD_DIM)
+              : div_near(__fmul_rn(cubed, sums[1]), static_cast<float>(HEAD_DIM), 1.0f / HEAD_DIM);
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
         dw[v] = __fadd_rn(dw[v], __fmul_rn(g[v], __fmul_rn(x[v], rstd)));
