@@ -31,7 +31,9 @@ __device__ void record(unsigned long long* counts, unsigned long long* first, in
   atomicCAS(&first[f], ~0ull, static_cast<unsigned long long>(bits) << 32 | divisor);
 }
 
-extern "C" __global__ void exact_math_sweep(const float* divisors, int divisor_count,
+namespace csa_test {
+
+__global__ void exact_math_sweep(const float* divisors, int divisor_count,
                                             unsigned long long* counts,
                                             unsigned long long* first) {
   const unsigned long long step = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
@@ -54,6 +56,8 @@ extern "C" __global__ void exact_math_sweep(const float* divisors, int divisor_c
     }
   }
 }
+
+}  // namespace csa_test
 )";
 
 // Divisors of div_rn's domain, [1, 2^24] and NaN: its ends and neighbours, softmax
@@ -85,7 +89,7 @@ TEST_F(Gpu, ExactMathMatchesTheIntrinsicsOnEveryOperand) {
   nvrtc::CompileRequest request;
   request.source = kSweepSource;
   request.source_name = "exact_math_sweep.cu";
-  request.name_expressions = {"exact_math_sweep"};
+  request.name_expressions = {"csa_test::exact_math_sweep"};
   request.options = {"-std=c++17", "--fmad=false"};
   request.arch = "sm_" + std::to_string(info.cc_major * 10 + info.cc_minor);
   const nvrtc::CompileResult compiled = compiler.compile(request);
