@@ -1,13 +1,13 @@
-// Correctly rounded fp32 division, square root and reciprocal without the out-of-line slow
-// paths that div.rn / sqrt.rn / rcp.rn call for rare operands. Such a call makes ptxas save the
-// caller's live registers to local memory around it (a stack frame in every kernel that holds
-// one), although the call almost never runs. Each function here is the compiler's own fast
-// path, inline, for the common operands, and an inline exact form (power-of-two scaling, with
-// the one double-rounding case fixed) for the rare ones: bitwise equal to __fdiv_rn,
+// Correctly rounded fp32 division, square root and reciprocal without the slow paths that
+// div.rn / sqrt.rn / rcp.rn call for rare operands: ptxas often keeps the caller's registers in
+// local memory around such a call, although it almost never runs. The common operands take
+// the compiler's own fast path, inline; the rare ones (tiny, subnormal and huge operands, zero,
+// infinities) take exact power-of-two scaling, with the one double-rounding case fixed, in
+// small out-of-line leaf functions that need no stack frame. Bitwise equal to __fdiv_rn,
 // __fsqrt_rn and __frcp_rn on the domains stated, which the GPU tests sweep exhaustively.
 // Self-contained: NVRTC needs no CUDA include directory. The CPU tests compile it for the host
-// too (tests/test_exact_math.cpp), with the hardware approximations replaced by models of their
-// documented error, to check the algorithms around them.
+// too (tests/test_exact_math.cpp), with the hardware approximations modelled as correctly
+// rounded, to check the algorithms around them.
 #pragma once
 
 namespace csa_kernel {
@@ -53,10 +53,16 @@ __device__ __forceinline__ float refined_reciprocal(float b) {
 
 // RN(a / b) from r = refined_reciprocal(b): quotient and one correction by the exact FMA
 // remainder, the compiler's div.rn fast path. Correct while a, b and the quotient stay normal
-// and the remainder cannot underflow: b in [1, 2^24] and |a| in [2^-100, FLT_MAX].
+// and the remainder cannot underflow: b in [1, 2^24] and |a| in [2^-100, FLT_MAX]
+// (div_rn_fast_exact).
 __device__ __forceinline__ float div_rn_fast(float a, float b, float r) {
   const float q = __fmul_rn(a, r);
   return __fmaf_rn(__fmaf_rn(-b, q, a), r, q);
+}
+
+__device__ __forceinline__ bool div_rn_fast_exact(float a) {
+  const float x = fabsf(a);
+  return x >= 0x1p-100f && x <= 0x1.fffffep127f;
 }
 
 // RN(a / b) for any a and b in [1, 2^24] (or NaN), without a branch: bitwise __fdiv_rn
@@ -86,20 +92,14 @@ __device__ __noinline__ float div_rn_exact(float a, float b, float r) {
 
 // The same, through the fast path alone where it is exact (the common case).
 __device__ __forceinline__ float div_rn(float a, float b, float r) {
-  const float x = fabsf(a);
-  return x >= 0x1p-100f && x <= 0x1.fffffep127f ? div_rn_fast(a, b, r) : div_rn_exact(a, b, r);
-}
-
-__device__ __forceinline__ float div_rn(float a, float b) {
-  return div_rn(a, b, refined_reciprocal(b));
+  return div_rn_fast_exact(a) ? div_rn_fast(a, b, r) : div_rn_exact(a, b, r);
 }
 
 // a / b for b in [1, 2^24] (or NaN) without a call, for stages under a tolerance contract:
 // correctly rounded where the fast path is (|a| in [2^-100, FLT_MAX]), else a * r, within an
 // ulp of the quotient (and zero, infinity or NaN where the quotient is).
 __device__ __forceinline__ float div_near(float a, float b, float r) {
-  const float x = fabsf(a);
-  return x >= 0x1p-100f && x <= 0x1.fffffep127f ? div_rn_fast(a, b, r) : __fmul_rn(a, r);
+  return div_rn_fast_exact(a) ? div_rn_fast(a, b, r) : __fmul_rn(a, r);
 }
 
 // RN(sqrt(v)) for every v: bitwise __fsqrt_rn. The fast path is the hardware reciprocal

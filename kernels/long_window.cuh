@@ -131,8 +131,9 @@ __global__ void __launch_bounds__(THREADS)
     if (lane == 0) sm.Col(0, c) = serial_sum(sm, c);
     __syncthreads();
     const float den = sm.Col(0, c);
+    const float inv = refined_reciprocal(den);
     for (int k = lane; k < L::WIN; k += L::CHUNKS)
-      sm.E(k, c) = __fmul_rn(sm.KV(k, c), div_rn(sm.E(k, c), den));
+      sm.E(k, c) = __fmul_rn(sm.KV(k, c), div_rn(sm.E(k, c), den, inv));
     __syncthreads();
     if (store) {
       const float v[1] = {serial_sum(sm, c)};
@@ -147,7 +148,7 @@ __global__ void __launch_bounds__(THREADS)
     __syncthreads();
     if (store) {
       const float den = merge_lanes(sm, 1, c);
-      const float v[1] = {div_rn(merge_lanes(sm, 2, c), den)};
+      const float v[1] = {div_rn(merge_lanes(sm, 2, c), den, refined_reciprocal(den))};
       IO::Store::template store<typename IO::E, 1>(out, row, col0 + c, v);
     }
   }
@@ -195,10 +196,11 @@ __global__ void __launch_bounds__(THREADS)
     __syncthreads();
     const float den = sm.Col(0, c);
     const float g = sm.Col(1, c);
+    const float inv = refined_reciprocal(den);
     // p_k replaces e_k; S = sum_k round(round(g * kv_k) * p_k).
     float s_part = 0.0f;
     for (int k = lane; k < L::WIN; k += L::CHUNKS) {
-      const float pk = div_rn(sm.E(k, c), den);
+      const float pk = div_rn(sm.E(k, c), den, inv);
       sm.E(k, c) = pk;
       s_part = __fadd_rn(s_part, __fmul_rn(__fmul_rn(g, sm.KV(k, c)), pk));
     }

@@ -50,8 +50,8 @@ __global__ void exact_math_sweep(const float* divisors, int divisor_count,
     for (int j = 0; j < divisor_count; ++j) {
       const float b = divisors[j];
       const float want = __fdiv_rn(a, b);
-      if (!same_bits(csa_kernel::div_rn(a, b), want)) record(counts, first, 2, bits, j);
       const float r = csa_kernel::refined_reciprocal(b);
+      if (!same_bits(csa_kernel::div_rn(a, b, r), want)) record(counts, first, 2, bits, j);
       if (!same_bits(csa_kernel::div_rn_exact(a, b, r), want)) record(counts, first, 3, bits, j);
     }
   }
