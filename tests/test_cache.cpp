@@ -36,6 +36,10 @@ TEST(CacheKey, StableAndSensitiveToEveryInput) {
   r = request();
   r.name_expressions[0] = "csa_kernel::short_window_forward<2,1,8,1,256>";
   EXPECT_NE(a.hash, cache::make_key("x", r, "sources").hash);
+  // The register fitting rule's version (it changes the cubin too).
+  EXPECT_NE(a.hash, cache::make_key("x", request(), "sources", 1).hash);
+  EXPECT_NE(cache::make_key("x", request(), "sources", 2).hash,
+            cache::make_key("x", request(), "sources", 1).hash);
   // No paths, no times: the record holds neither the working directory nor HOME.
   EXPECT_EQ(a.record.find(fs::current_path().string()), std::string::npos);
   if (const char* home = std::getenv("HOME")) {

@@ -13,6 +13,9 @@
 
 #include "common/error.hpp"
 #include "compressor/kernel_sources.hpp"
+#include "compressor/kernel_spec.hpp"
+#include "compressor/register_fit.hpp"
+#include "csa_params.h"
 #include "nvrtc/compiler.hpp"
 #include "test_util.hpp"
 #include "tune_plan.hpp"
@@ -234,6 +237,39 @@ TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
     EXPECT_EQ(local_memory_failure(what, r), "");
     EXPECT_EQ(r.ptxas_log.find("warning"), std::string::npos) << what << "\n" << r.ptxas_log;
   }
+}
+
+// Register fitting on a real module: at ptxas's own choice the sm_80 2,2,128 bf16 fixed-order
+// backward takes 48 registers and spills; compiled again with the five CTAs per SM those
+// allow named, it uses no local memory, and the module's other kernels keep their names.
+TEST(NvrtcCompile, RegisterFittingPinsWhatPtxasSpilled) {
+  const Config c{2, 128, 2};
+  const auto spec = compressor::make_module_spec(
+      c, csa_kernel::kLayoutThdPacked, Family::kShortWindow, schedule::select_short_window(c),
+      "sm_80", compressor::CompileOptions{});
+  ASSERT_FALSE(spec.residency.empty());
+  nvrtc::Compiler compiler(compressor::kernel_headers());
+  const nvrtc::CompileResult plain = compiler.compile(spec.request);
+  const nvrtc::CompileResult fitted =
+      compressor::compile_fitted(compiler, spec.request, spec.residency);
+  auto local_bytes = [](const nvrtc::CompileResult& r) {
+    int bytes = 0;
+    for (const auto& k : nvrtc::parse_ptxas_report(r.log))
+      bytes += k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes;
+    return bytes;
+  };
+  EXPECT_GT(local_bytes(plain), 0) << plain.log;
+  EXPECT_EQ(local_bytes(fitted), 0) << fitted.log;
+  ASSERT_EQ(fitted.lowered_names.size(), plain.lowered_names.size());
+  const int slot = spec.slots.short_window.backward_fixed;
+  ASSERT_GE(slot, 0);
+  EXPECT_NE(fitted.lowered_names[slot], plain.lowered_names[slot]);
+  EXPECT_NE(fitted.lowered_names[slot].find("ELi5EEEv"), std::string::npos)
+      << fitted.lowered_names[slot];
+  int unchanged = 0;
+  for (std::size_t i = 0; i < plain.lowered_names.size(); ++i)
+    unchanged += fitted.lowered_names[i] == plain.lowered_names[i] ? 1 : 0;
+  EXPECT_GE(unchanged, 2);  // the forward and the reduction at least
 }
 
 TEST(NvrtcCompile, ReferenceFamilyCompiles) {

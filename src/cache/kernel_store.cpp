@@ -7,7 +7,8 @@
 namespace csa::cache {
 
 std::shared_ptr<const StoredCubin> KernelStore::compile(const CacheKey& key,
-                                                        const nvrtc::CompileRequest& request) {
+                                                        const nvrtc::CompileRequest& request,
+                                                        const CompileFn& compile_fn) {
   if (!jit_enabled_) {
     fail(Status::kJitDisabled,
          "{} is not in the kernel cache and JIT is disabled (CSA_DISABLE_JIT); prewarm it first "
@@ -15,7 +16,12 @@ std::shared_ptr<const StoredCubin> KernelStore::compile(const CacheKey& key,
          key.label);
   }
   auto stored = std::make_shared<StoredCubin>();
-  nvrtc::CompileResult result = compiler_.compile(request);
+  nvrtc::CompileResult result =
+      compile_fn ? compile_fn(compiler_, request) : compiler_.compile(request);
+  if (result.lowered_names.size() != request.name_expressions.size()) {
+    fail(Status::kInternal, "compiling {} gave {} kernel names for {} name expressions", key.label,
+         result.lowered_names.size(), request.name_expressions.size());
+  }
   logger_.info("compiled {} in {:.2f} s", key.label, result.seconds);
   stored->entry.cubin = std::move(result.cubin);
   stored->entry.lowered_names = std::move(result.lowered_names);
@@ -28,7 +34,7 @@ std::shared_ptr<const StoredCubin> KernelStore::compile(const CacheKey& key,
 
 std::shared_ptr<const StoredCubin> KernelStore::get(const CacheKey& key,
                                                     const nvrtc::CompileRequest& request,
-                                                    bool* compiled) {
+                                                    bool* compiled, const CompileFn& compile_fn) {
   bool created = false;
   auto stored_cubin = entries_.get_or_create(
       key.hash,
@@ -49,7 +55,7 @@ std::shared_ptr<const StoredCubin> KernelStore::get(const CacheKey& key,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           return stored;
         }
-        return compile(key, request);
+        return compile(key, request, compile_fn);
       },
       &created);
   if (compiled != nullptr) *compiled = created && stored_cubin->compiled;
@@ -57,9 +63,10 @@ std::shared_ptr<const StoredCubin> KernelStore::get(const CacheKey& key,
 }
 
 std::shared_ptr<const StoredCubin> KernelStore::rebuild(const CacheKey& key,
-                                                        const nvrtc::CompileRequest& request) {
+                                                        const nvrtc::CompileRequest& request,
+                                                        const CompileFn& compile_fn) {
   entries_.forget(key.hash);
-  return entries_.get_or_create(key.hash, [&] { return compile(key, request); });
+  return entries_.get_or_create(key.hash, [&] { return compile(key, request, compile_fn); });
 }
 
 }  // namespace csa::cache

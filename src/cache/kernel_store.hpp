@@ -2,6 +2,7 @@
 // (one compile per key even when many threads miss it together).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "cache/disk_cache.hpp"
@@ -17,6 +18,12 @@ struct StoredCubin {
   std::string source;     // the directory it was read from or stored in, or "memory"
 };
 
+// How a miss is compiled: NVRTC on the request by default; a caller may compile it its own way
+// (register fitting compiles some modules twice) as long as the result has one lowered name
+// per name expression of the request.
+using CompileFn =
+    std::function<nvrtc::CompileResult(const nvrtc::Compiler&, const nvrtc::CompileRequest&)>;
+
 class KernelStore {
  public:
   KernelStore(DiskCache& disk, const nvrtc::Compiler& compiler, bool jit_enabled, Logger& logger)
@@ -25,18 +32,21 @@ class KernelStore {
   // Throws Error(kJitDisabled) on a miss when JIT is disabled, Error(kCompileError) on failure.
   // `compiled` (optional): whether this call ran NVRTC.
   std::shared_ptr<const StoredCubin> get(const CacheKey& key, const nvrtc::CompileRequest& request,
-                                         bool* compiled = nullptr);
+                                         bool* compiled = nullptr,
+                                         const CompileFn& compile_fn = {});
 
   // For a cubin read from disk that the driver refuses to load: compiles it again (replacing
   // the disk entry) and serves that from now on. Throws as get() does.
   std::shared_ptr<const StoredCubin> rebuild(const CacheKey& key,
-                                             const nvrtc::CompileRequest& request);
+                                             const nvrtc::CompileRequest& request,
+                                             const CompileFn& compile_fn = {});
 
   DiskCache& disk() { return disk_; }
 
  private:
   std::shared_ptr<const StoredCubin> compile(const CacheKey& key,
-                                             const nvrtc::CompileRequest& request);
+                                             const nvrtc::CompileRequest& request,
+                                             const CompileFn& compile_fn);
 
   DiskCache& disk_;
   const nvrtc::Compiler& compiler_;

@@ -20,7 +20,7 @@ std::string hash128_hex(std::string_view data) {
 }
 
 CacheKey make_key(std::string label, const nvrtc::CompileRequest& request,
-                  std::string_view sources_hash) {
+                  std::string_view sources_hash, int fit) {
   std::vector<std::string> options = request.options;
   std::sort(options.begin(), options.end());
   const auto [major, minor] = nvrtc::Compiler::version();
@@ -34,6 +34,7 @@ CacheKey make_key(std::string label, const nvrtc::CompileRequest& request,
       {"arch", request.arch},
       {"nvrtc", fmt::format("{}.{}", major, minor)},
   };
+  if (fit != 0) record["fit"] = fit;
   CacheKey key;
   key.label = std::move(label);
   key.record = record.dump();

@@ -16,9 +16,11 @@ struct CacheKey {
   std::string hash;    // 32 hex digits
 };
 
-// `sources_hash` covers the text of every embedded header the translation unit can include.
+// `sources_hash` covers the text of every embedded header the translation unit can include;
+// `fit` is the version of the rule that may compile the module a second time with other names
+// (0: none), which changes the cubin too.
 CacheKey make_key(std::string label, const nvrtc::CompileRequest& request,
-                  std::string_view sources_hash);
+                  std::string_view sources_hash, int fit = 0);
 
 std::string hash128_hex(std::string_view data);
 

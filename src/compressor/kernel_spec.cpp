@@ -98,7 +98,9 @@ ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::strin
   req.source = module.source();
   req.name_expressions = module.names();
   req.source_name = label + ".cu";
-  spec.key = cache::make_key(label, req, kernel_sources_hash());
+  spec.residency = module.residency();
+  spec.key = cache::make_key(label, req, kernel_sources_hash(),
+                             spec.residency.empty() ? 0 : kRegisterFitVersion);
   return spec;
 }
 
@@ -140,23 +142,28 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
       // takes (the backward shape holds whole rows: select_short_window).
       const auto narrow = schedule::forward_kernel(s, c, false);
       const auto wide = schedule::forward_kernel(s, c, true);
-      slots.forward = m.add(kt::kShortWindowForward, narrow.vec, narrow.threads, 0);
+      slots.forward =
+          m.add_resident(kt::kShortWindowForward, narrow.threads, 0, narrow.vec, narrow.threads);
       if (schedule::has_wide_forward(s)) {
-        slots.forward_wide =
-            m.add(kt::kShortWindowForward, wide.vec, wide.threads, s.forward_wide_min_ctas);
+        slots.forward_wide = m.add_resident(kt::kShortWindowForward, wide.threads,
+                                            s.forward_wide_min_ctas, wide.vec, wide.threads);
       }
-      slots.backward_fixed = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
-                                   s.backward_ty, true, s.backward_min_ctas);
+      slots.backward_fixed =
+          m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty,
+                         s.backward_min_ctas, s.backward_vec, s.backward_tx, s.backward_ty, true);
       if (short_window_grad_ape(s).atomic) {
-        slots.backward_atomic = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
-                                      s.backward_ty, false, s.backward_min_ctas);
+        slots.backward_atomic = m.add_resident(kt::kShortWindowBackward,
+                                               s.backward_tx * s.backward_ty, s.backward_min_ctas,
+                                               s.backward_vec, s.backward_tx, s.backward_ty, false);
       }
       if (const int resident = schedule::backward_resident_ctas_for(s, c, kernel_layout)) {
-        slots.backward_fixed_resident = m.add(kt::kShortWindowBackward, s.backward_vec,
-                                              s.backward_tx, s.backward_ty, true, resident);
+        slots.backward_fixed_resident =
+            m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
+                           s.backward_vec, s.backward_tx, s.backward_ty, true);
         if (slots.backward_atomic >= 0) {
-          slots.backward_atomic_resident = m.add(kt::kShortWindowBackward, s.backward_vec,
-                                                 s.backward_tx, s.backward_ty, false, resident);
+          slots.backward_atomic_resident =
+              m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
+                             s.backward_vec, s.backward_tx, s.backward_ty, false);
         }
       }
       slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
@@ -165,21 +172,27 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
                       io_label(c, kernel_layout), tail_name(c.tail), arch);
       return finish(std::move(spec), m, label, arch, options);
     }
-    slots.forward = m.add(kt::kShortWindowForward, s.forward_vec, s.forward_narrow_threads, 0);
-    slots.backward_fixed = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
-                                 s.backward_ty, true, s.backward_min_ctas);
-    slots.backward_atomic = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
-                                  s.backward_ty, false, s.backward_min_ctas);
+    slots.forward = m.add_resident(kt::kShortWindowForward, s.forward_narrow_threads, 0,
+                                   s.forward_vec, s.forward_narrow_threads);
+    slots.backward_fixed =
+        m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, s.backward_min_ctas,
+                       s.backward_vec, s.backward_tx, s.backward_ty, true);
+    slots.backward_atomic =
+        m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, s.backward_min_ctas,
+                       s.backward_vec, s.backward_tx, s.backward_ty, false);
     slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
     if (schedule::has_wide_forward(s)) {
-      slots.forward_wide = m.add(kt::kShortWindowForward, s.forward_wide_vec, s.forward_threads,
-                                 s.forward_wide_min_ctas);
+      slots.forward_wide =
+          m.add_resident(kt::kShortWindowForward, s.forward_threads, s.forward_wide_min_ctas,
+                         s.forward_wide_vec, s.forward_threads);
     }
     if (const int resident = schedule::backward_resident_ctas_for(s, c, kernel_layout)) {
-      slots.backward_fixed_resident = m.add(kt::kShortWindowBackward, s.backward_vec, s.backward_tx,
-                                            s.backward_ty, true, resident);
-      slots.backward_atomic_resident = m.add(kt::kShortWindowBackward, s.backward_vec,
-                                             s.backward_tx, s.backward_ty, false, resident);
+      slots.backward_fixed_resident =
+          m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
+                         s.backward_vec, s.backward_tx, s.backward_ty, true);
+      slots.backward_atomic_resident =
+          m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
+                         s.backward_vec, s.backward_tx, s.backward_ty, false);
     }
   }
   const std::string label = fmt::format("{}-r{}-c{}-d{}-{}-{}", kind, c.ratio, c.coff, c.head_dim,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cache/key.hpp"
+#include "compressor/register_fit.hpp"
 #include "csa/csa.hpp"
 #include "schedule/long_window.hpp"
 #include "schedule/short_window.hpp"
@@ -58,6 +59,7 @@ struct ModuleSpec {
   cache::CacheKey key;
   nvrtc::CompileRequest request;
   KernelSlots slots;
+  ResidencyTable residency;  // register fitting's (compile_fitted): empty where none applies
 };
 
 // The kernels' layout policies prewarm and plans prepare for a configuration

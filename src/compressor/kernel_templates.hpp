@@ -6,10 +6,13 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "compressor/register_fit.hpp"
 
 namespace csa::compressor {
 
@@ -81,18 +84,30 @@ class ModuleBuilder {
   // Adds the instance (or finds it); its slot.
   template <int N, class... Args>
   int add(const KernelTemplate<N>& t, const Args&... args) {
-    return add_expression(t.header, expression(t, args...));
+    return add_expression(t.header, expression(t, args...), std::nullopt);
+  }
+  // The same for a template whose last parameter is its residency (the CTAs per SM of
+  // `threads` threads its registers must fit; 0: ptxas's choice), which register fitting may
+  // change (register_fit.hpp).
+  template <int N, class... Args>
+  int add_resident(const KernelTemplate<N>& t, int threads, int min_ctas, const Args&... leading) {
+    std::string name = expression(t, leading..., min_ctas);
+    Residency r{name.substr(0, name.rfind(',') + 1), threads, min_ctas};
+    return add_expression(t.header, std::move(name), std::move(r));
   }
 
   const std::vector<std::string>& names() const { return names_; }
+  // One entry per name; empty where no kernel has a residency argument.
+  ResidencyTable residency() const;
   std::string source() const;  // the #include lines of the headers, in first-use order
 
  private:
-  int add_expression(std::string_view header, std::string name);
+  int add_expression(std::string_view header, std::string name, std::optional<Residency> r);
 
   std::string shape_;
   std::vector<std::string_view> headers_;
   std::vector<std::string> names_;
+  ResidencyTable residency_;
 };
 
 }  // namespace csa::compressor

@@ -61,6 +61,15 @@ void merge_report(std::optional<PrewarmReport>& into, PrewarmReport r) {
   into->ptxas_log += r.ptxas_log;
 }
 
+// Register fitting for the modules that have kernels with a residency argument.
+cache::CompileFn fitted_compile(const ModuleSpec& spec) {
+  if (spec.residency.empty()) return {};
+  return [residency = spec.residency](const nvrtc::Compiler& compiler,
+                                      const nvrtc::CompileRequest& request) {
+    return compile_fitted(compiler, request, residency);
+  };
+}
+
 }  // namespace
 
 Service::Service(const RuntimeOptions& options, Logger& logger, cache::KernelStore& store,
@@ -139,7 +148,7 @@ void Service::make_current(int device) {
 
 std::shared_ptr<const cache::LoadedModule> Service::load_module(const ModuleSpec& spec,
                                                                 bool* compiled) {
-  auto cubin = store_.get(spec.key, spec.request, compiled);
+  auto cubin = store_.get(spec.key, spec.request, compiled, fitted_compile(spec));
   try {
     return modules().get(spec.key, cubin);
   } catch (const Error& e) {
@@ -147,7 +156,7 @@ std::shared_ptr<const cache::LoadedModule> Service::load_module(const ModuleSpec
     // A checksum-valid cache entry whose cubin the driver refuses: rebuilt once.
     logger_.warn("the driver refused the cached cubin of {} ({}); rebuilding it", spec.key.label,
                  e.what());
-    cubin = store_.rebuild(spec.key, spec.request);
+    cubin = store_.rebuild(spec.key, spec.request, fitted_compile(spec));
     if (compiled != nullptr) *compiled = true;
     return modules().get(spec.key, cubin);
   }
@@ -295,7 +304,7 @@ PrewarmReport Service::compile_for_arch(const Config& config, const std::string&
           make_module_spec(config, layout, resolved, schedule_for(config), arch, compile_options_);
     }
     bool compiled = false;
-    auto cubin = store_.get(spec.key, spec.request, &compiled);
+    auto cubin = store_.get(spec.key, spec.request, &compiled, fitted_compile(spec));
     merge_report(report, report_of(config, arch, spec.key.hash, *cubin, compiled, 0.0));
   }
   report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

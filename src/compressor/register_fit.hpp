@@ -1,0 +1,56 @@
+// Register fitting: local memory that ptxas chose but did not need. Kernels whose residency is
+// a template argument (the CTAs per SM their registers must fit, last; 0: ptxas's own choice)
+// are compiled once as the schedule asks; where one of them then uses local memory it is
+// compiled again:
+// - at 0, pinned to the residency it got (the CTAs per SM its registers allow): the same
+//   register budget, named, which ptxas meets without the heuristic's spills;
+// - at a residency the schedule named, as the same kernel at 0 (after its own fit): a target
+//   met only by spilling is not taken.
+// Modules without local memory compile once and are unchanged. The decision is a function of
+// the first compile's ptxas report, so a module's cache key decides its cubin.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nvrtc/compiler.hpp"
+
+namespace csa::compressor {
+
+// A kernel instance with a residency argument: its name expression is
+// `prefix + std::to_string(min_ctas) + ">"`.
+struct Residency {
+  std::string prefix;
+  int threads = 0;   // per CTA
+  int min_ctas = 0;  // as asked (0: ptxas's choice)
+};
+
+// One entry per name expression of a module (nullopt: no residency argument).
+using ResidencyTable = std::vector<std::optional<Residency>>;
+
+// Bump when the rule changes: it is part of every module's cache key.
+inline constexpr int kRegisterFitVersion = 1;
+
+// The CTAs of `threads` threads per SM that `registers` per thread allow (64K registers per SM,
+// allocated per warp in units of 256), at most `max_threads_per_sm` threads and 32 CTAs.
+int register_bound_ctas(int registers, int threads, int max_threads_per_sm);
+// The most threads one SM of `arch` ("sm_90") holds: 1536 on sm_86, sm_89 and sm_12x, else 2048.
+int max_threads_per_sm(const std::string& arch);
+
+// The name expressions to compile instead of `names` after a first compile with lowered names
+// `lowered` and ptxas report `report`; nullopt where no kernel changes (or the report lacks
+// one: fitting needs `--ptxas-options=-v`).
+std::optional<std::vector<std::string>> fitted_names(
+    const std::vector<std::string>& names, const ResidencyTable& residency,
+    const std::vector<std::string>& lowered, const std::vector<nvrtc::KernelResources>& report,
+    const std::string& arch);
+
+// Compiles `request`, then again with the fitted names where they differ. The result has one
+// lowered name per name expression of `request`, in its order (a fitted name two slots share is
+// compiled once), and the log of the compile it comes from.
+nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
+                                    const nvrtc::CompileRequest& request,
+                                    const ResidencyTable& residency);
+
+}  // namespace csa::compressor
