@@ -176,6 +176,7 @@ TEST(NvrtcCompile, EveryElementTypeAndLayoutWithoutLocalMemory) {
   // Windows of 5..8 slots: their modules hold the resident backward (and the fp16 wide
   // forward its residency target), fitted to 80 registers.
   shapes.push_back({4, 128, 2});
+  shapes.push_back({4, 512, 2});  // the production shape
   shapes.push_back({8, 65, 1});
   shapes.push_back({256, 7, 2});
   shapes.push_back({17, 128, 1});

@@ -44,7 +44,7 @@ TEST(RegisterFit, ThreadLimitPerArch) {
   EXPECT_EQ(max_threads_per_sm("sm_120"), 1536);
 }
 
-TEST(RegisterFit, PinsSpilledChoicesAndDropsSpilledResidencies) {
+TEST(RegisterFit, PinsSpilledChoicesOnly) {
   const std::vector<std::string> names = {"k<A,0>", "k<B,0>", "k<A,3>", "k<C,3>", "other"};
   const ResidencyTable residency = {at("k<A,", 0), at("k<B,", 0), at("k<A,", 3), at("k<C,", 3),
                                     std::nullopt};
@@ -55,10 +55,12 @@ TEST(RegisterFit, PinsSpilledChoicesAndDropsSpilledResidencies) {
   const auto fitted = fitted_names(names, residency, lowered, report, "sm_90");
   ASSERT_TRUE(fitted.has_value());
   // a0: ptxas chose 48 registers (five 256-thread CTAs) and spilled: asked for five.
-  // b0: no local memory, unchanged. a3: its residency only by spilling: the same kernel at
-  // ptxas's choice, as fitted. c3: the module has no k<C,0>: that one. `other` has no
-  // residency argument and stays.
-  EXPECT_EQ(*fitted, (std::vector<std::string>{"k<A,5>", "k<B,0>", "k<A,5>", "k<C,0>", "other"}));
+  // b0: no local memory, unchanged. a3 and c3 spill at a residency the schedule named: they
+  // stay. `other` has no residency argument and stays.
+  EXPECT_EQ(*fitted, (std::vector<std::string>{"k<A,5>", "k<B,0>", "k<A,3>", "k<C,3>", "other"}));
+  // Named residencies alone that spill: nothing to fit.
+  EXPECT_FALSE(
+      fitted_names({"k<A,3>"}, {at("k<A,", 3)}, {"a3"}, {kernel("a3", 80, 4, 8)}, "sm_90"));
 }
 
 TEST(RegisterFit, LeavesModulesWithoutLocalMemoryOrReportsAlone) {
@@ -67,8 +69,9 @@ TEST(RegisterFit, LeavesModulesWithoutLocalMemoryOrReportsAlone) {
   const std::vector<std::string> lowered = {"a0", "a3"};
   EXPECT_FALSE(fitted_names(names, residency, lowered,
                             {kernel("a0", 100, 0, 0), kernel("a3", 80, 0, 0)}, "sm_90"));
-  // A kernel the report does not name (ptxas -v off) or whose registers it lacks: no fitting.
-  EXPECT_FALSE(fitted_names(names, residency, lowered, {kernel("a0", 48, 8, 8)}, "sm_90"));
+  // A kernel at ptxas's choice the report does not name (ptxas -v off) or whose registers it
+  // lacks: no fitting.
+  EXPECT_FALSE(fitted_names(names, residency, lowered, {kernel("a3", 80, 8, 8)}, "sm_90"));
   EXPECT_FALSE(fitted_names(names, residency, lowered,
                             {kernel("a0", -1, 8, 8), kernel("a3", 80, 0, 0)}, "sm_90"));
   // Tables that do not match the names.

@@ -90,24 +90,15 @@ std::optional<std::vector<std::string>> fitted_names(
   };
   std::vector<std::string> out = names;
   bool changed = false;
-  // First the kernels at ptxas's choice: the named ones may fall back to them.
-  for (const bool named : {false, true}) {
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      const auto& r = residency[i];
-      if (!r || (r->min_ctas != 0) != named) continue;
-      const nvrtc::KernelResources* k = resources(i);
-      if (k == nullptr) return std::nullopt;
-      if (!uses_local_memory(*k)) continue;
-      if (!named) {
-        out[i] = expression_at(
-            *r, register_bound_ctas(k->registers, r->threads, max_threads_per_sm(arch)));
-      } else {
-        const std::string at_choice = expression_at(*r, 0);
-        const auto j = std::find(names.begin(), names.end(), at_choice);
-        out[i] = j == names.end() ? at_choice : out[static_cast<std::size_t>(j - names.begin())];
-      }
-      changed = true;
-    }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& r = residency[i];
+    if (!r || r->min_ctas != 0) continue;  // a residency the schedule named stays
+    const nvrtc::KernelResources* k = resources(i);
+    if (k == nullptr) return std::nullopt;
+    if (!uses_local_memory(*k)) continue;
+    out[i] =
+        expression_at(*r, register_bound_ctas(k->registers, r->threads, max_threads_per_sm(arch)));
+    changed = true;
   }
   if (!changed) return std::nullopt;
   return out;

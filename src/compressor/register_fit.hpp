@@ -1,11 +1,9 @@
 // Register fitting: local memory that ptxas chose but did not need. Kernels whose residency is
 // a template argument (the CTAs per SM their registers must fit, last; 0: ptxas's own choice)
-// are compiled once as the schedule asks; where one of them then uses local memory it is
-// compiled again:
-// - at 0, pinned to the residency it got (the CTAs per SM its registers allow): the same
-//   register budget, named, which ptxas meets without the heuristic's spills;
-// - at a residency the schedule named, as the same kernel at 0 (after its own fit): a target
-//   met only by spilling is not taken.
+// are compiled once as the schedule asks. Where one at ptxas's choice then uses local memory,
+// it is compiled again pinned to the residency it got (the CTAs per SM its registers allow):
+// the same register budget, named, which ptxas meets without the heuristic's spills. A
+// residency the schedule names (measured against the default kernel, spills and all) stays.
 // Modules without local memory compile once and are unchanged. The decision is a function of
 // the first compile's ptxas report, so a module's cache key decides its cubin.
 #pragma once
