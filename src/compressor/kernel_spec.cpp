@@ -137,33 +137,31 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
     slots.grad_ape = m.add(kt::kReferenceGradApe);
   } else {
     auto& slots = spec.slots.short_window;
+    // The short-window kernels, each with its residency (the CTAs per SM its registers fit).
+    auto forward = [&](int vec, int threads, int ctas) {
+      return m.add_resident(kt::kShortWindowForward, threads, ctas, vec, threads);
+    };
+    auto backward = [&](bool fixed_order, int ctas) {
+      return m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, ctas,
+                            s.backward_vec, s.backward_tx, s.backward_ty, fixed_order);
+    };
     if (c.tail.any()) {
       // The fused tail: its forward kernels and its backward in the grad_ape forms its schedule
       // takes (the backward shape holds whole rows: select_short_window).
       const auto narrow = schedule::forward_kernel(s, c, false);
       const auto wide = schedule::forward_kernel(s, c, true);
-      slots.forward =
-          m.add_resident(kt::kShortWindowForward, narrow.threads, 0, narrow.vec, narrow.threads);
+      slots.forward = forward(narrow.vec, narrow.threads, 0);
       if (schedule::has_wide_forward(s)) {
-        slots.forward_wide = m.add_resident(kt::kShortWindowForward, wide.threads,
-                                            s.forward_wide_min_ctas, wide.vec, wide.threads);
+        slots.forward_wide = forward(wide.vec, wide.threads, s.forward_wide_min_ctas);
       }
-      slots.backward_fixed =
-          m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty,
-                         s.backward_min_ctas, s.backward_vec, s.backward_tx, s.backward_ty, true);
+      slots.backward_fixed = backward(true, s.backward_min_ctas);
       if (short_window_grad_ape(s).atomic) {
-        slots.backward_atomic = m.add_resident(kt::kShortWindowBackward,
-                                               s.backward_tx * s.backward_ty, s.backward_min_ctas,
-                                               s.backward_vec, s.backward_tx, s.backward_ty, false);
+        slots.backward_atomic = backward(false, s.backward_min_ctas);
       }
       if (const int resident = schedule::backward_resident_ctas_for(s, c, kernel_layout)) {
-        slots.backward_fixed_resident =
-            m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
-                           s.backward_vec, s.backward_tx, s.backward_ty, true);
+        slots.backward_fixed_resident = backward(true, resident);
         if (slots.backward_atomic >= 0) {
-          slots.backward_atomic_resident =
-              m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
-                             s.backward_vec, s.backward_tx, s.backward_ty, false);
+          slots.backward_atomic_resident = backward(false, resident);
         }
       }
       slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
@@ -172,27 +170,16 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
                       io_label(c, kernel_layout), tail_name(c.tail), arch);
       return finish(std::move(spec), m, label, arch, options);
     }
-    slots.forward = m.add_resident(kt::kShortWindowForward, s.forward_narrow_threads, 0,
-                                   s.forward_vec, s.forward_narrow_threads);
-    slots.backward_fixed =
-        m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, s.backward_min_ctas,
-                       s.backward_vec, s.backward_tx, s.backward_ty, true);
-    slots.backward_atomic =
-        m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, s.backward_min_ctas,
-                       s.backward_vec, s.backward_tx, s.backward_ty, false);
+    slots.forward = forward(s.forward_vec, s.forward_narrow_threads, 0);
+    slots.backward_fixed = backward(true, s.backward_min_ctas);
+    slots.backward_atomic = backward(false, s.backward_min_ctas);
     slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
     if (schedule::has_wide_forward(s)) {
-      slots.forward_wide =
-          m.add_resident(kt::kShortWindowForward, s.forward_threads, s.forward_wide_min_ctas,
-                         s.forward_wide_vec, s.forward_threads);
+      slots.forward_wide = forward(s.forward_wide_vec, s.forward_threads, s.forward_wide_min_ctas);
     }
     if (const int resident = schedule::backward_resident_ctas_for(s, c, kernel_layout)) {
-      slots.backward_fixed_resident =
-          m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
-                         s.backward_vec, s.backward_tx, s.backward_ty, true);
-      slots.backward_atomic_resident =
-          m.add_resident(kt::kShortWindowBackward, s.backward_tx * s.backward_ty, resident,
-                         s.backward_vec, s.backward_tx, s.backward_ty, false);
+      slots.backward_fixed_resident = backward(true, resident);
+      slots.backward_atomic_resident = backward(false, resident);
     }
   }
   const std::string label = fmt::format("{}-r{}-c{}-d{}-{}-{}", kind, c.ratio, c.coff, c.head_dim,

@@ -6,16 +6,22 @@
 
 #include "common/error.hpp"
 #include "common/parse.hpp"
+#include "schedule/short_window.hpp"
 
 namespace csa::compressor {
 
 namespace {
 
-constexpr int kRegistersPerSm = 65536;
-constexpr int kMaxCtasPerSm = 32;
+// The report's entry of kernel `name`, or null.
+const nvrtc::KernelResources* kernel_named(const std::vector<nvrtc::KernelResources>& report,
+                                           const std::string& name) {
+  const auto it = std::find_if(report.begin(), report.end(),
+                               [&](const nvrtc::KernelResources& k) { return k.name == name; });
+  return it == report.end() ? nullptr : &*it;
+}
 
-bool uses_local_memory(const nvrtc::KernelResources& k) {
-  return k.stack_bytes > 0 || k.spill_store_bytes > 0 || k.spill_load_bytes > 0;
+long long local_memory_bytes(const nvrtc::KernelResources& k) {
+  return static_cast<long long>(k.spill_store_bytes) + k.spill_load_bytes + k.stack_bytes;
 }
 
 std::string expression_at(const Residency& r, int ctas) {
@@ -53,11 +59,8 @@ std::vector<long long> local_bytes(const nvrtc::CompileResult& result) {
   std::vector<long long> out;
   out.reserve(result.lowered_names.size());
   for (const auto& name : result.lowered_names) {
-    const auto it = std::find_if(report.begin(), report.end(),
-                                 [&](const nvrtc::KernelResources& k) { return k.name == name; });
-    out.push_back(it == report.end() ? -1
-                                     : static_cast<long long>(it->spill_store_bytes) +
-                                           it->spill_load_bytes + it->stack_bytes);
+    const nvrtc::KernelResources* k = kernel_named(report, name);
+    out.push_back(k == nullptr ? -1 : local_memory_bytes(*k));
   }
   return out;
 }
@@ -65,11 +68,9 @@ std::vector<long long> local_bytes(const nvrtc::CompileResult& result) {
 }  // namespace
 
 int register_bound_ctas(int registers, int threads, int max_threads_per_sm) {
-  const int warps = (std::max(threads, 1) + 31) / 32;
-  const int per_warp = (std::max(registers, 1) * 32 + 255) / 256 * 256;
-  const int ctas = std::min({kRegistersPerSm / (per_warp * warps),
-                             max_threads_per_sm / std::max(threads, 1), kMaxCtasPerSm});
-  return std::max(ctas, 1);
+  schedule::SmLimits sm;  // 64K registers, 32 CTAs: every arch csa serves
+  sm.threads = max_threads_per_sm;
+  return schedule::resident_ctas(sm, threads, registers, /*shared_bytes=*/0);
 }
 
 int max_threads_per_sm(const std::string& arch) {
@@ -82,20 +83,14 @@ std::optional<std::vector<std::string>> fitted_names(
     const std::vector<std::string>& lowered, const std::vector<nvrtc::KernelResources>& report,
     const std::string& arch) {
   if (residency.size() != names.size() || lowered.size() != names.size()) return std::nullopt;
-  auto resources = [&](std::size_t i) -> const nvrtc::KernelResources* {
-    const auto it =
-        std::find_if(report.begin(), report.end(),
-                     [&](const nvrtc::KernelResources& k) { return k.name == lowered[i]; });
-    return it == report.end() || it->registers < 0 ? nullptr : &*it;
-  };
   std::vector<std::string> out = names;
   bool changed = false;
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto& r = residency[i];
     if (!r || r->min_ctas != 0) continue;  // a residency the schedule named stays
-    const nvrtc::KernelResources* k = resources(i);
-    if (k == nullptr) return std::nullopt;
-    if (!uses_local_memory(*k)) continue;
+    const nvrtc::KernelResources* k = kernel_named(report, lowered[i]);
+    if (k == nullptr || k->registers < 0) return std::nullopt;
+    if (local_memory_bytes(*k) == 0) continue;
     out[i] =
         expression_at(*r, register_bound_ctas(k->registers, r->threads, max_threads_per_sm(arch)));
     changed = true;
