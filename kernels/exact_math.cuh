@@ -103,8 +103,9 @@ __device__ __forceinline__ float div_near(float a, float b, float r) {
 }
 
 // RN(sqrt(v)) for every v: bitwise __fsqrt_rn. The fast path is the hardware reciprocal
-// square root and one correction by the exact FMA residual; zero, subnormal and huge v are
-// scaled by an even power of two into its range (exactly, and back exactly: the root of a
+// square root and one correction by the exact FMA residual v - s * s. That residual is about
+// v * 2^-24 and must not underflow, so the fast path starts at 2^-100; zero, smaller and huge v
+// are scaled by an even power of two into its range (exactly, and back exactly: the root of a
 // normal number is normal).
 __device__ __forceinline__ float sqrt_rn_normal(float v) {
   const float y = approx_rsqrt(v);
@@ -114,7 +115,7 @@ __device__ __forceinline__ float sqrt_rn_normal(float v) {
 
 // The rare inputs, out of line for the reason div_rn_exact is.
 __device__ __noinline__ float sqrt_rn_scaled(float v) {
-  if (v > 0.0f && v < 0x1p-124f) return __fmul_rn(sqrt_rn_normal(__fmul_rn(v, 0x1p64f)), 0x1p-32f);
+  if (v > 0.0f && v < 0x1p-100f) return __fmul_rn(sqrt_rn_normal(__fmul_rn(v, 0x1p64f)), 0x1p-32f);
   if (v > 0x1p124f && v <= 0x1.fffffep127f)
     return __fmul_rn(sqrt_rn_normal(__fmul_rn(v, 0x1p-64f)), 0x1p32f);
   if (v == 0.0f || v == positive_inf()) return v;  // sqrt(+-0) = +-0, sqrt(inf) = inf
@@ -122,7 +123,7 @@ __device__ __noinline__ float sqrt_rn_scaled(float v) {
 }
 
 __device__ __forceinline__ float sqrt_rn(float v) {
-  return v >= 0x1p-124f && v <= 0x1p124f ? sqrt_rn_normal(v) : sqrt_rn_scaled(v);
+  return v >= 0x1p-100f && v <= 0x1p124f ? sqrt_rn_normal(v) : sqrt_rn_scaled(v);
 }
 
 // RN(1 / x) for |x| in [2^-125, 2^125] (the reciprocal stays normal), zero, infinity or NaN:
