@@ -536,7 +536,8 @@ TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward)
 }
 
 // The tail's backward (104-124 registers a thread) at windows of 5..8 slots: a resident kernel
-// in every module but fp32's, in the grad_ape forms the module holds, from 2^20 elements.
+// in every module but fp32's and row-strided THD's, in the grad_ape forms the module holds,
+// from 2^20 elements.
 TEST(KernelTemplates, TheTailsResidentBackwardServesLargeCalls) {
   Config c{4, 512, 2};
   c.tail.norm = true;
@@ -564,6 +565,19 @@ TEST(KernelTemplates, TheTailsResidentBackwardServesLargeCalls) {
   Config f32 = c;
   f32.dtype = DType::kF32;
   EXPECT_EQ(schedule::backward_resident_ctas_for(narrow, f32, csa_kernel::kLayoutThdPacked), 0);
+  // Row-strided THD tails have none (slower there); SBHD tails have it, in every element type
+  // but fp32.
+  for (DType dtype : {DType::kBf16, DType::kF16}) {
+    Config typed = c;
+    typed.dtype = dtype;
+    EXPECT_EQ(schedule::backward_resident_ctas_for(narrow, typed, csa_kernel::kLayoutThdStrided),
+              0);
+    EXPECT_EQ(schedule::backward_resident_ctas_for(narrow, typed, csa_kernel::kLayoutSbhd), 3);
+    const auto strided = compressor::make_module_spec(typed, csa_kernel::kLayoutThdStrided,
+                                                      Family::kShortWindow, narrow, "sm_90", {});
+    EXPECT_EQ(strided.slots.short_window.backward_atomic_resident, -1);
+    EXPECT_EQ(strided.slots.short_window.backward_fixed_resident, -1);
+  }
   Config wide = c;  // 2 slots a window: none
   wide.ratio = 1;
   EXPECT_EQ(schedule::select_short_window(wide).backward_resident_ctas, 0);

@@ -222,6 +222,7 @@ int backward_resident_ctas_for(const ShortWindowSchedule& s, const Config& c, in
   if (c.dtype == DType::kF32) return 0;
   if (!c.tail.any() && c.dtype == DType::kBf16 && kernel_layout == csa_kernel::kLayoutThdPacked)
     return 0;
+  if (c.tail.any() && kernel_layout == csa_kernel::kLayoutThdStrided) return 0;
   return s.backward_resident_ctas;
 }
 

@@ -84,7 +84,8 @@ int tail_vec(int preferred, int head_dim);
 // The residency target of the second backward kernel of the module of `config` for
 // `kernel_layout` (csa_kernel::LayoutKind); 0: that module has none. Packed bf16 without a tail
 // has none: its default kernel already fits three CTAs per SM (80 registers) where the rule
-// asks for them (the tail's takes 104-124); fp32 has none: its resident kernel measured slower.
+// asks for them (the tail's takes 104-124); fp32 has none, nor a tail on row-strided THD rows:
+// their resident kernels measured slower.
 int backward_resident_ctas_for(const ShortWindowSchedule& s, const Config& config,
                                int kernel_layout);
 
