@@ -500,6 +500,124 @@ TEST_P(GpuTail, BackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
 INSTANTIATE_TEST_SUITE_P(Tails, GpuTail, ::testing::ValuesIn(all_cases()),
                          [](const auto& param) { return name_of(param.param); });
 
+// Row-strided THD tails: kv and score rows 2W elements apart (the halves of one fused projection
+// output), the gradients and y / grad_y rows padded past their width. They give the bits of the
+// contiguous call (y, rstd, grad_kv, grad_score; grad_ape and grad_w within 1e-3, both forms),
+// and the bytes between rows stay untouched (0xff).
+TEST_F(Gpu, RowStridedTailsMatchTheContiguousCallBitwise) {
+  const std::vector<TailCase> cases = {
+      {4, 2, 128, shape(true, 64, true), DType::kBf16, Layout::kThd},
+      {4, 2, 512, shape(true, 64, false), DType::kF16, Layout::kThd},
+      {2, 2, 128, shape(true, 64, true, false, DType::kBf16), DType::kBf16, Layout::kThd},
+      {16, 1, 64, shape(false, 64, true), DType::kF32, Layout::kThd},
+      {128, 1, 512, shape(true, 64, false), DType::kBf16, Layout::kThd},
+  };
+  for (const TailCase& c : cases) {
+    const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(c.ratio * 139 + c.head_dim);
+    TailProblem tp(c, seed);
+    SCOPED_TRACE(tp.p.describe() + " " + name_of(c) + " seed " + std::to_string(seed));
+    const int bytes = tools::element_size(c.dtype);
+    const std::int64_t d = c.head_dim, width = c.coff * d, align = 16 / bytes;
+    const auto tokens = static_cast<std::int64_t>(tp.dev.kv.size()) / (width * bytes);
+    const auto rows = static_cast<std::int64_t>(tp.dev.out.size()) / (d * bytes);
+    const std::int64_t in_stride = 2 * width, grad_stride = width + align, out_stride = d + align;
+    auto upload = [](const std::vector<std::uint8_t>& h) {
+      device::Buffer b(h.size());
+      b.upload(h.data(), h.size());
+      return b;
+    };
+    auto spread = [&](const device::Buffer& dense, std::int64_t n, std::int64_t w,
+                      std::int64_t stride) {
+      return upload(tools::spread(tools::DeviceInputs::download(dense), n, w, stride, bytes));
+    };
+    auto gather = [&](const device::Buffer& strided, std::int64_t n, std::int64_t w,
+                      std::int64_t stride, bool* gaps) {
+      return tools::gather(tools::DeviceInputs::download(strided), n, w, stride, bytes, gaps);
+    };
+    const device::Buffer kv = spread(tp.dev.kv, tokens, width, in_stride);
+    const device::Buffer score = spread(tp.dev.score, tokens, width, in_stride);
+    const device::Buffer grad_out = spread(tp.dev.grad_out, rows, d, out_stride);
+    tp.dev.out.fill(0xff);  // the poisoned outputs' strided images: every byte 0xff
+    tp.dev.grad_kv.fill(0xff);
+    const device::Buffer out = spread(tp.dev.out, rows, d, out_stride);
+    const device::Buffer grad_kv = spread(tp.dev.grad_kv, tokens, width, grad_stride);
+    const device::Buffer grad_score = spread(tp.dev.grad_kv, tokens, width, grad_stride);
+    device::Buffer grad_ape(tp.dev.grad_ape.size()), grad_w(tp.grad_w_d.size()),
+        rstd(tp.rstd_d.size());
+
+    // Forward: contiguous, then strided into poisoned rows.
+    tp.rstd_d.fill(0xff);
+    g_runtime->forward(tp.forward_args(), nullptr);
+    device::synchronize(nullptr);
+    const auto y = tools::DeviceInputs::download(tp.dev.out);
+    const auto rstd_thd = tools::DeviceInputs::download(tp.rstd_d);
+    ForwardArgs f = tp.forward_args();
+    f.kv = kv.get();
+    f.score = score.get();
+    f.kv_stride = f.score_stride = in_stride;
+    f.out = out.get();
+    f.out_stride = out_stride;
+    if (c.tail.norm) {
+      rstd.fill(0xff);
+      f.rstd = rstd.as<float>();
+    }
+    g_runtime->forward(f, nullptr);
+    device::synchronize(nullptr);
+    bool gaps = false;
+    EXPECT_EQ(gather(out, rows, d, out_stride, &gaps), y) << "strided y differs";
+    EXPECT_TRUE(gaps) << "bytes between y rows were written";
+    if (c.tail.norm) {
+      EXPECT_EQ(tools::DeviceInputs::download(rstd), rstd_thd) << "rstd differs";
+    }
+
+    // Backward, both grad_ape forms (the long-window family reads the pooled rows the strided
+    // forward left, the same bits).
+    for (std::uint32_t flags : {std::uint32_t{0}, kDeterministic}) {
+      SCOPED_TRACE(flags != 0 ? "deterministic" : "default");
+      tp.dev.grad_kv.fill(0xff);
+      tp.dev.grad_score.fill(0xff);
+      g_runtime->backward(tp.backward_args(flags), nullptr);
+      device::synchronize(nullptr);
+      const auto gkv = tools::DeviceInputs::download(tp.dev.grad_kv);
+      const auto gsc = tools::DeviceInputs::download(tp.dev.grad_score);
+      std::vector<float> ape(tp.dev.grad_ape.size() / 4),
+          w(c.tail.norm ? tp.grad_w_d.size() / 4 : 0);
+      tp.dev.grad_ape.download(ape.data(), ape.size() * 4);
+      if (c.tail.norm) tp.grad_w_d.download(w.data(), w.size() * 4);
+
+      BackwardArgs b = tp.backward_args(flags);
+      b.kv = kv.get();
+      b.score = score.get();
+      b.kv_stride = b.score_stride = in_stride;
+      b.grad_out = grad_out.get();
+      b.grad_out_stride = out_stride;
+      b.grad_kv = grad_kv.get();
+      b.grad_score = grad_score.get();
+      b.grad_kv_stride = b.grad_score_stride = grad_stride;
+      grad_ape.fill(0xff);
+      b.grad_ape = grad_ape.as<float>();
+      if (c.tail.norm) {
+        grad_w.fill(0xff);
+        b.grad_norm_weight = grad_w.as<float>();
+      }
+      g_runtime->backward(b, nullptr);
+      device::synchronize(nullptr);
+      bool gaps_kv = false, gaps_score = false;
+      EXPECT_EQ(gather(grad_kv, tokens, width, grad_stride, &gaps_kv), gkv) << "grad_kv differs";
+      EXPECT_EQ(gather(grad_score, tokens, width, grad_stride, &gaps_score), gsc)
+          << "grad_score differs";
+      EXPECT_TRUE(gaps_kv && gaps_score) << "bytes between gradient rows were written";
+      std::vector<float> ape_s(ape.size()), w_s(w.size());
+      grad_ape.download(ape_s.data(), ape_s.size() * 4);
+      if (c.tail.norm) grad_w.download(w_s.data(), w_s.size() * 4);
+      for (std::size_t i = 0; i < ape.size(); ++i)
+        ASSERT_NEAR(ape_s[i], ape[i], 1e-3 * std::max(1.0f, std::fabs(ape[i]))) << "ape " << i;
+      for (std::size_t j = 0; j < w.size(); ++j)
+        ASSERT_NEAR(w_s[j], w[j], 1e-3 * std::max(1.0f, std::fabs(w[j]))) << "grad_w " << j;
+    }
+  }
+}
+
 // The call's tail options route it: a bad tail is rejected naming the field before any launch,
 // and out stays untouched.
 TEST_F(Gpu, TailRejectionsLeaveTheOutputUntouched) {
