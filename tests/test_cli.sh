@@ -69,6 +69,11 @@ if sel --rows 6144 --layout sbhd --direction bwd | grep -q "kernel=resident" &&
   sel --rows 6144 --direction bwd | grep -q "kernel=default" &&
   sel --rows 6144 --direction fwd | grep -q "kernel=wide" &&
   sel --rows 16 --direction fwd | grep -q "kernel=narrow"; then ok; else bad "select: kernel names"; fi
+# A fused tail's large backward takes it in SBHD, not on row-strided THD rows (none there).
+tail=(--norm --rope-dim 64 --rows 6144 --direction bwd)
+if sel "${tail[@]}" --layout sbhd | grep -q "kernel=resident" &&
+  sel "${tail[@]}" --strided | grep -q "strided tail=norm+rope64 rows=6144" &&
+  sel "${tail[@]}" --strided | grep -q "kernel=default"; then ok; else bad "select: the tail's kernel"; fi
 
 # schedule select follows an entry keyed on the element type to the calls of that type only.
 cat >"$work/keyed.json" <<'JSON'

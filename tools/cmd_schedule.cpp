@@ -104,6 +104,8 @@ void add_schedule_command(CLI::App& app, Runtime*& runtime) {
   add_config_options(select, so->config);
   add_io_options(select, so->config.dtype, so->config.layout);
   add_tail_options(select, so->config.tail);
+  select->add_flag("--strided", so->config.strided,
+                   "a THD call with row strides (kv, score or a gradient not dense)");
   select->add_option("--rows", so->rows, "output rows of the call (total_comp)")
       ->required()
       ->check(CLI::NonNegativeNumber);
