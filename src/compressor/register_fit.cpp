@@ -53,12 +53,13 @@ nvrtc::CompileResult compile_names(const nvrtc::Compiler& compiler,
   return result;
 }
 
-// Local memory bytes (spill traffic and stack) of each slot's kernel; -1 where not reported.
-std::vector<long long> local_bytes(const nvrtc::CompileResult& result) {
-  const auto report = nvrtc::parse_ptxas_report(result.log);
+// Local memory bytes (spill traffic and stack) of each slot's kernel in `report`; -1 where not
+// reported.
+std::vector<long long> local_bytes(const std::vector<std::string>& lowered,
+                                   const std::vector<nvrtc::KernelResources>& report) {
   std::vector<long long> out;
-  out.reserve(result.lowered_names.size());
-  for (const auto& name : result.lowered_names) {
+  out.reserve(lowered.size());
+  for (const auto& name : lowered) {
     const nvrtc::KernelResources* k = kernel_named(report, name);
     out.push_back(k == nullptr ? -1 : local_memory_bytes(*k));
   }
@@ -104,13 +105,14 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
                                     const ResidencyTable& residency) {
   nvrtc::CompileResult first = compiler.compile(request);
   if (residency.empty()) return first;
+  const auto first_report = nvrtc::parse_ptxas_report(first.log);
   const auto fitted = fitted_names(request.name_expressions, residency, first.lowered_names,
-                                   nvrtc::parse_ptxas_report(first.log), request.arch);
+                                   first_report, request.arch);
   if (!fitted) return first;
   nvrtc::CompileResult second = compile_names(compiler, request, *fitted);
   // A fitted kernel is kept only where it uses less local memory than the kernel it replaces.
-  const auto before = local_bytes(first);
-  const auto after = local_bytes(second);
+  const auto before = local_bytes(first.lowered_names, first_report);
+  const auto after = local_bytes(second.lowered_names, nvrtc::parse_ptxas_report(second.log));
   std::vector<std::string> kept = *fitted;
   bool reverted = false;
   bool any_kept = false;
