@@ -35,6 +35,16 @@ __device__ __forceinline__ void pdl_enter(bool dependents_first = false) {
 #endif
 }
 
+// blockIdx.x * span + threadIdx.x, read from the special registers at this point.
+// NOTE: volatile on purpose: ptxas may not reuse an earlier read held through a loop, which is
+// the point (a value it would otherwise keep live, at a register budget where it spills).
+__device__ __forceinline__ int reread_block_thread_x(int span) {
+  unsigned block, thread;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block));
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(thread));
+  return static_cast<int>(block) * span + static_cast<int>(thread);
+}
+
 // acc += b per lane, each sum rounded to nearest (no contraction).
 __device__ __forceinline__ void add_rn_into(float4& acc, const float4& b) {
   acc.x = __fadd_rn(acc.x, b.x);

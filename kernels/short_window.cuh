@@ -239,8 +239,12 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   const int cv = blockIdx.x * TX + tx;
   const bool active = cv < NCV;
   const int col = cv * VEC;
-  // Loaded up front: its round trip overlaps the rows' instead of adding one at the end.
-  const int used = L::used_tokens(p);
+  // The zero loops after the rows take the column and the used-token count. Loaded up front,
+  // the count's round trip overlaps the rows'. NOTE: at a named residency (the resident
+  // backward) ptxas kept one of the two in local memory through the row loop, so those
+  // kernels read both again after it (plain kernels: the tails' pressure is elsewhere).
+  constexpr bool REREAD = MIN_CTAS > 0 && !IO::Store::kCooperative;
+  const int used = REREAD ? 0 : L::used_tokens(p);
   const TokenRows sr = L::rows(p, p.score_stride);
   const TokenRows kr = L::rows(p, p.kv_stride);
   const TokenRows gs_rows = L::rows(p, p.grad_score_stride);
@@ -380,6 +384,8 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     // Zero-writes not owned by any row: segments shorter than ratio and the token capacity
     // past cu[B], spread over the row groups.
     const int groups = gridDim.y;
+    const int zcol = REREAD ? reread_block_thread_x(TX) * VEC : col;
+    const int zused = REREAD ? L::used_tokens(p) : used;
     if constexpr (L::kOffsets) {
       for (int s = blockIdx.y; s < p.num_segments; s += groups) {
         if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
@@ -387,12 +393,12 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
         const int t_end = clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin,
                                     min(p.total_tokens, t_begin + RATIO - 1));
         for (int t = t_begin + ty; t < t_end; t += TY)
-          zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, col);
+          zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, zcol);
       }
     }
-    for (long long t = used + static_cast<long long>(blockIdx.y) * TY + ty; t < p.total_tokens;
+    for (long long t = zused + static_cast<long long>(blockIdx.y) * TY + ty; t < p.total_tokens;
          t += static_cast<long long>(groups) * TY)
-      zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, col);
+      zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, zcol);
   }
 
   // grad_ape: every thread parks its partials in shared memory; then each thread folds a few
