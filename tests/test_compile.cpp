@@ -273,6 +273,26 @@ TEST(NvrtcCompile, RegisterFittingPinsWhatPtxasSpilled) {
   EXPECT_GE(unchanged, 2);  // the forward and the reduction at least
 }
 
+// A kernel that still uses local memory at the residency its registers give climbs to fewer
+// CTAs: sm_100 13,1,65 (atomic backward at ptxas's choice: 64 registers and a spilled 64-bit
+// count; pinned at four CTAs it spills too, at three it needs none).
+TEST(NvrtcCompile, RegisterFittingClimbsWhereThePinnedBudgetSpills) {
+  const Config c{13, 65, 1};
+  const auto spec = compressor::make_module_spec(
+      c, csa_kernel::kLayoutThdPacked, Family::kShortWindow, schedule::select_short_window(c),
+      "sm_100", compressor::CompileOptions{});
+  ASSERT_FALSE(spec.residency.empty());
+  nvrtc::Compiler compiler(compressor::kernel_headers());
+  const nvrtc::CompileResult fitted =
+      compressor::compile_fitted(compiler, spec.request, spec.residency);
+  for (const auto& k : nvrtc::parse_ptxas_report(fitted.log))
+    EXPECT_EQ(k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes, 0) << k.name;
+  const int slot = spec.slots.short_window.backward_atomic;
+  ASSERT_GE(slot, 0);
+  EXPECT_NE(fitted.lowered_names[slot].find("ELi3EEEv"), std::string::npos)
+      << fitted.lowered_names[slot];
+}
+
 TEST(NvrtcCompile, ReferenceFamilyCompiles) {
   RuntimeOptions o;
   o.disk_cache = false;

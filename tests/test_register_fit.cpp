@@ -63,6 +63,24 @@ TEST(RegisterFit, PinsSpilledChoicesOnly) {
       fitted_names({"k<A,3>"}, {at("k<A,", 3)}, {"a3"}, {kernel("a3", 80, 4, 8)}, "sm_90"));
 }
 
+TEST(RegisterFit, TheFirstRungPinsTheBoundAndRungsRenderNames) {
+  const std::vector<std::string> names = {"k<A,0>", "k<B,0>", "k<A,3>", "other"};
+  const ResidencyTable residency = {at("k<A,", 0), at("k<B,", 0), at("k<A,", 3), std::nullopt};
+  const std::vector<std::string> lowered = {"a0", "b0", "a3", "o"};
+  const auto pinned = first_rung(residency, lowered,
+                                 {kernel("a0", 128, 16, 16), kernel("b0", 64, 0, 0),
+                                  kernel("a3", 80, 4, 8), kernel("o", 40, 8, 8)},
+                                 "sm_90");
+  ASSERT_TRUE(pinned.has_value());
+  EXPECT_EQ(*pinned, (std::vector<int>{2, 0, 0, 0}));
+  // The next rungs: one CTA fewer, rendered where pinned only.
+  EXPECT_EQ(rung_names(names, residency, {1, 0, 0, 0}),
+            (std::vector<std::string>{"k<A,1>", "k<B,0>", "k<A,3>", "other"}));
+  EXPECT_EQ(rung_names(names, residency, {0, 4, 2, 7}),
+            (std::vector<std::string>{"k<A,0>", "k<B,4>", "k<A,2>", "other"}));
+  EXPECT_EQ(rung_names(names, residency, {0, 0, 0, 0}), names);
+}
+
 TEST(RegisterFit, LeavesModulesWithoutLocalMemoryOrReportsAlone) {
   const std::vector<std::string> names = {"k<A,0>", "k<A,3>"};
   const ResidencyTable residency = {at("k<A,", 0), at("k<A,", 3)};

@@ -79,57 +79,94 @@ int max_threads_per_sm(const std::string& arch) {
   return cc == 86 || cc == 89 || cc / 10 == 12 ? 1536 : 2048;
 }
 
-std::optional<std::vector<std::string>> fitted_names(
-    const std::vector<std::string>& names, const ResidencyTable& residency,
-    const std::vector<std::string>& lowered, const std::vector<nvrtc::KernelResources>& report,
-    const std::string& arch) {
-  if (residency.size() != names.size() || lowered.size() != names.size()) return std::nullopt;
-  std::vector<std::string> out = names;
-  bool changed = false;
-  for (std::size_t i = 0; i < names.size(); ++i) {
+std::optional<std::vector<int>> first_rung(const ResidencyTable& residency,
+                                           const std::vector<std::string>& lowered,
+                                           const std::vector<nvrtc::KernelResources>& report,
+                                           const std::string& arch) {
+  if (lowered.size() != residency.size()) return std::nullopt;
+  std::vector<int> pinned(residency.size(), 0);
+  bool any = false;
+  for (std::size_t i = 0; i < residency.size(); ++i) {
     const auto& r = residency[i];
     if (!r || r->min_ctas != 0) continue;  // a residency the schedule named stays
     const nvrtc::KernelResources* k = kernel_named(report, lowered[i]);
     if (k == nullptr || k->registers < 0) return std::nullopt;
     if (local_memory_bytes(*k) == 0) continue;
-    out[i] =
-        expression_at(*r, register_bound_ctas(k->registers, r->threads, max_threads_per_sm(arch)));
-    changed = true;
+    pinned[i] = register_bound_ctas(k->registers, r->threads, max_threads_per_sm(arch));
+    any = true;
   }
-  if (!changed) return std::nullopt;
+  if (!any) return std::nullopt;
+  return pinned;
+}
+
+std::vector<std::string> rung_names(const std::vector<std::string>& names,
+                                    const ResidencyTable& residency,
+                                    const std::vector<int>& pinned) {
+  std::vector<std::string> out = names;
+  for (std::size_t i = 0; i < out.size() && i < pinned.size() && i < residency.size(); ++i) {
+    if (pinned[i] > 0 && residency[i]) out[i] = expression_at(*residency[i], pinned[i]);
+  }
   return out;
+}
+
+std::optional<std::vector<std::string>> fitted_names(
+    const std::vector<std::string>& names, const ResidencyTable& residency,
+    const std::vector<std::string>& lowered, const std::vector<nvrtc::KernelResources>& report,
+    const std::string& arch) {
+  if (residency.size() != names.size()) return std::nullopt;
+  const auto pinned = first_rung(residency, lowered, report, arch);
+  if (!pinned) return std::nullopt;
+  return rung_names(names, residency, *pinned);
 }
 
 nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
                                     const nvrtc::CompileRequest& request,
                                     const ResidencyTable& residency) {
   nvrtc::CompileResult first = compiler.compile(request);
-  if (residency.empty()) return first;
+  if (residency.empty() || residency.size() != request.name_expressions.size()) return first;
   const auto first_report = nvrtc::parse_ptxas_report(first.log);
-  const auto fitted = fitted_names(request.name_expressions, residency, first.lowered_names,
-                                   first_report, request.arch);
-  if (!fitted) return first;
-  nvrtc::CompileResult second = compile_names(compiler, request, *fitted);
-  // A fitted kernel is kept only where it uses less local memory than the kernel it replaces.
-  const auto before = local_bytes(first.lowered_names, first_report);
-  const auto after = local_bytes(second.lowered_names, nvrtc::parse_ptxas_report(second.log));
-  std::vector<std::string> kept = *fitted;
-  bool reverted = false;
-  bool any_kept = false;
-  for (std::size_t i = 0; i < kept.size(); ++i) {
-    if (kept[i] == request.name_expressions[i]) continue;
-    if (after[i] >= 0 && after[i] < before[i]) {
-      any_kept = true;
-    } else {
-      kept[i] = request.name_expressions[i];
-      reverted = true;
+  auto pinned = first_rung(residency, first.lowered_names, first_report, request.arch);
+  if (!pinned) return first;
+  // Per slot, the name with the least local memory so far (the first compile's on a tie).
+  std::vector<std::string> best = request.name_expressions;
+  std::vector<long long> best_bytes = local_bytes(first.lowered_names, first_report);
+  double seconds = first.seconds;
+  std::optional<nvrtc::CompileResult> last;
+  std::vector<std::string> last_names;
+  for (int rung = 0; rung < kMaxRungs; ++rung) {
+    std::vector<std::string> names = best;
+    bool climbing = false;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if ((*pinned)[i] == 0) continue;
+      names[i] = expression_at(*residency[i], (*pinned)[i]);
+      climbing = true;
     }
+    if (!climbing) break;
+    nvrtc::CompileResult result = compile_names(compiler, request, names);
+    seconds += result.seconds;
+    const auto bytes = local_bytes(result.lowered_names, nvrtc::parse_ptxas_report(result.log));
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      int& ctas = (*pinned)[i];
+      if (ctas == 0) continue;
+      if (bytes[i] >= 0 && bytes[i] < best_bytes[i]) {
+        best[i] = names[i];
+        best_bytes[i] = bytes[i];
+      }
+      // NOTE: a rung that spills more than the one above does not stop the climb: ptxas's
+      // allocation is not monotonic in the budget (a 64-register kernel that spills at four
+      // CTAs named may need none at three).
+      ctas = best_bytes[i] > 0 && ctas > 1 ? ctas - 1 : 0;
+    }
+    last = std::move(result);
+    last_names = std::move(names);
   }
-  const double seconds = first.seconds + second.seconds;
-  nvrtc::CompileResult out = !reverted  ? std::move(second)
-                             : any_kept ? compile_names(compiler, request, kept)
-                                        : std::move(first);
-  out.seconds = seconds + (reverted && any_kept ? out.seconds : 0.0);
+  if (!last) return first;
+  nvrtc::CompileResult out = best == last_names ? std::move(*last)
+                             : best == request.name_expressions
+                                 ? std::move(first)
+                                 : compile_names(compiler, request, best);
+  if (best != last_names && best != request.name_expressions) seconds += out.seconds;
+  out.seconds = seconds;
   return out;
 }
 
