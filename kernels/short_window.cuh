@@ -241,9 +241,10 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   const int col = cv * VEC;
   // The zero loops after the rows take the column and the used-token count. Loaded up front,
   // the count's round trip overlaps the rows'. NOTE: at a named residency (the resident
-  // backward) ptxas kept one of the two in local memory through the row loop, so those
-  // kernels read both again after it (plain kernels: the tails' pressure is elsewhere).
-  constexpr bool REREAD = MIN_CTAS > 0 && !IO::Store::kCooperative;
+  // backward) ptxas kept one of the two in local memory through the row loop, so THD kernels
+  // read both again after it. Not SBHD (its count needs no load) nor the tails: there it
+  // measured slower or moved the pressure elsewhere (docs/notes/dropped.md).
+  constexpr bool REREAD = L::kOffsets && MIN_CTAS > 0 && !IO::Store::kCooperative;
   const int used = REREAD ? 0 : L::used_tokens(p);
   const TokenRows sr = L::rows(p, p.score_stride);
   const TokenRows kr = L::rows(p, p.kv_stride);
