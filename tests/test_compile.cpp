@@ -243,11 +243,15 @@ TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
 // Register fitting on a real module: at ptxas's own choice the sm_80 2,2,128 bf16 fixed-order
 // backward takes 48 registers and spills; compiled again with the five CTAs per SM those
 // allow named, it uses no local memory, and the module's other kernels keep their names.
+// The short-window THD-packed module of `c` for `arch`, as the library specifies it.
+compressor::ModuleSpec short_window_module(const Config& c, const std::string& arch) {
+  return compressor::make_module_spec(c, csa_kernel::kLayoutThdPacked, Family::kShortWindow,
+                                      schedule::select_short_window(c), arch,
+                                      compressor::CompileOptions{});
+}
+
 TEST(NvrtcCompile, RegisterFittingPinsWhatPtxasSpilled) {
-  const Config c{2, 128, 2};
-  const auto spec = compressor::make_module_spec(
-      c, csa_kernel::kLayoutThdPacked, Family::kShortWindow, schedule::select_short_window(c),
-      "sm_80", compressor::CompileOptions{});
+  const auto spec = short_window_module(Config{2, 128, 2}, "sm_80");
   ASSERT_FALSE(spec.residency.empty());
   nvrtc::Compiler compiler(compressor::kernel_headers());
   const nvrtc::CompileResult plain = compiler.compile(spec.request);
@@ -277,10 +281,7 @@ TEST(NvrtcCompile, RegisterFittingPinsWhatPtxasSpilled) {
 // CTAs: sm_100 13,1,65 (atomic backward at ptxas's choice: 64 registers and a spilled 64-bit
 // count; pinned at four CTAs it spills too, at three it needs none).
 TEST(NvrtcCompile, RegisterFittingClimbsWhereThePinnedBudgetSpills) {
-  const Config c{13, 65, 1};
-  const auto spec = compressor::make_module_spec(
-      c, csa_kernel::kLayoutThdPacked, Family::kShortWindow, schedule::select_short_window(c),
-      "sm_100", compressor::CompileOptions{});
+  const auto spec = short_window_module(Config{13, 65, 1}, "sm_100");
   ASSERT_FALSE(spec.residency.empty());
   nvrtc::Compiler compiler(compressor::kernel_headers());
   const nvrtc::CompileResult fitted =
