@@ -134,14 +134,8 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
   std::optional<nvrtc::CompileResult> last;
   std::vector<std::string> last_names;
   for (int rung = 0; rung < kMaxRungs; ++rung) {
-    std::vector<std::string> names = best;
-    bool climbing = false;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      if ((*pinned)[i] == 0) continue;
-      names[i] = expression_at(*residency[i], (*pinned)[i]);
-      climbing = true;
-    }
-    if (!climbing) break;
+    if (std::none_of(pinned->begin(), pinned->end(), [](int ctas) { return ctas > 0; })) break;
+    std::vector<std::string> names = rung_names(best, residency, *pinned);
     nvrtc::CompileResult result = compile_names(compiler, request, names);
     seconds += result.seconds;
     const auto bytes = local_bytes(result.lowered_names, nvrtc::parse_ptxas_report(result.log));
