@@ -154,12 +154,17 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
     last = std::move(result);
     last_names = std::move(names);
   }
-  if (!last) return first;
-  nvrtc::CompileResult out = best == last_names ? std::move(*last)
-                             : best == request.name_expressions
-                                 ? std::move(first)
-                                 : compile_names(compiler, request, best);
-  if (best != last_names && best != request.name_expressions) seconds += out.seconds;
+  // The module of each kernel's best rung: the last compile or the first where it is one,
+  // else one more.
+  nvrtc::CompileResult out;
+  if (best == last_names) {
+    out = std::move(*last);
+  } else if (best == request.name_expressions) {
+    out = std::move(first);
+  } else {
+    out = compile_names(compiler, request, best);
+    seconds += out.seconds;
+  }
   out.seconds = seconds;
   return out;
 }
