@@ -182,6 +182,30 @@ __device__ __forceinline__ void zero_token(const BackwardParams& p, const TokenR
   store_zero_vec<E, VEC>(sc + OWN);
 }
 
+// Writes the zeros no row owns, at the columns this thread owns: the tokens of segments shorter
+// than ratio (layouts with offsets) and the token rows past the `used` ones, spread over the
+// row groups (blockIdx.y) and their TY row lanes.
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TY>
+__device__ __forceinline__ void zero_rowless_tokens(const BackwardParams& p, const TokenRows& gk,
+                                                    const TokenRows& gs, int used, int col) {
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  const int groups = gridDim.y;
+  const int ty = threadIdx.y;
+  if constexpr (L::kOffsets) {
+    for (int s = blockIdx.y; s < p.num_segments; s += groups) {
+      if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
+      const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
+      const int t_end =
+          clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin, min(p.total_tokens, t_begin + RATIO - 1));
+      for (int t = t_begin + ty; t < t_end; t += TY)
+        zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk, gs, t, col);
+    }
+  }
+  for (long long t = used + static_cast<long long>(blockIdx.y) * TY + ty; t < p.total_tokens;
+       t += static_cast<long long>(groups) * TY)
+    zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk, gs, t, col);
+}
+
 // The per-slot gradient of one window, in the reference op order:
 // dp = g*kv, pd = round(dp*p), S = sum pd (serial), ds = fma(p, -S, pd).
 template <int N, int VEC>
@@ -221,9 +245,11 @@ __device__ __forceinline__ void zero_grad_ape_block(const BackwardParams& p, int
   }
 }
 
-// MIN_CTAS: the CTAs per SM ptxas must fit (0: its own choice).
+// MIN_CTAS: the CTAs per SM ptxas must fit (0: its own choice). ZEROS_FIRST: the zeros no row
+// owns are written before the rows, so nothing of theirs is live across the row loop (register
+// fitting's second form, for kernels whose first form still uses local memory).
 template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER,
-          int MIN_CTAS>
+          int MIN_CTAS, bool ZEROS_FIRST>
 __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     short_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter(/*dependents_first=*/true);  // one wave: see backward_grid()
@@ -239,13 +265,13 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   const int cv = blockIdx.x * TX + tx;
   const bool active = cv < NCV;
   const int col = cv * VEC;
-  // The zero loops after the rows take the column and the used-token count. Loaded up front,
-  // the count's round trip overlaps the rows'. NOTE: at a named residency (the resident
-  // backward) ptxas kept one of the two in local memory through the row loop, so THD kernels
-  // read both again after it. Not SBHD (its count needs no load) nor the tails: there it
-  // measured slower or moved the pressure elsewhere (docs/notes/dropped.md).
-  constexpr bool REREAD = L::kOffsets && MIN_CTAS > 0 && !IO::Store::kCooperative;
-  const int used = REREAD ? 0 : L::used_tokens(p);
+  // In the first form the zero loops after the rows take the column and the used-token count.
+  // Loaded up front, the count's round trip overlaps the rows'. NOTE: at a named residency (the
+  // resident backward) ptxas kept one of the two in local memory through the row loop, so THD
+  // kernels read both again after it. Not SBHD (its count needs no load) nor the tails: there
+  // it measured slower or moved the pressure elsewhere (docs/notes/dropped.md).
+  constexpr bool REREAD = L::kOffsets && MIN_CTAS > 0 && !IO::Store::kCooperative && !ZEROS_FIRST;
+  const int used = REREAD || ZEROS_FIRST ? 0 : L::used_tokens(p);
   const TokenRows sr = L::rows(p, p.score_stride);
   const TokenRows kr = L::rows(p, p.kv_stride);
   const TokenRows gs_rows = L::rows(p, p.grad_score_stride);
@@ -295,6 +321,10 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     for (int k = 0; k < RATIO; ++k) dape_own[k][v] = 0.0f;
   }
 
+  if (ZEROS_FIRST && active) {
+    zero_rowless_tokens<IO, RATIO, COFF, HEAD_DIM, VEC, TY>(p, gk_rows, gs_rows, L::used_tokens(p),
+                                                            col);
+  }
   if (active) {
     const long long row_begin = static_cast<long long>(blockIdx.y) * p.rows_per_cta;
     const int row_end = static_cast<int>(
@@ -382,24 +412,12 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       }
     }
 
-    // Zero-writes not owned by any row: segments shorter than ratio and the token capacity
-    // past cu[B], spread over the row groups.
-    const int groups = gridDim.y;
-    const int zcol = REREAD ? reread_block_thread_x(TX) * VEC : col;
-    const int zused = REREAD ? L::used_tokens(p) : used;
-    if constexpr (L::kOffsets) {
-      for (int s = blockIdx.y; s < p.num_segments; s += groups) {
-        if (__ldg(p.cu_seqlens_comp + s + 1) > __ldg(p.cu_seqlens_comp + s)) continue;
-        const int t_begin = clamp_i32(__ldg(p.cu_seqlens + s), 0, p.total_tokens);
-        const int t_end = clamp_i32(__ldg(p.cu_seqlens + s + 1), t_begin,
-                                    min(p.total_tokens, t_begin + RATIO - 1));
-        for (int t = t_begin + ty; t < t_end; t += TY)
-          zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, zcol);
-      }
+    // The zeros no row owns, in the first form after the rows.
+    if constexpr (!ZEROS_FIRST) {
+      const int zcol = REREAD ? reread_block_thread_x(TX) * VEC : col;
+      const int zused = REREAD ? L::used_tokens(p) : used;
+      zero_rowless_tokens<IO, RATIO, COFF, HEAD_DIM, VEC, TY>(p, gk_rows, gs_rows, zused, zcol);
     }
-    for (long long t = zused + static_cast<long long>(blockIdx.y) * TY + ty; t < p.total_tokens;
-         t += static_cast<long long>(groups) * TY)
-      zero_token<IO, COFF, HEAD_DIM, VEC>(p, gk_rows, gs_rows, t, zcol);
   }
 
   // grad_ape: every thread parks its partials in shared memory; then each thread folds a few

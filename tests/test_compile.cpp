@@ -243,9 +243,11 @@ TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
 // Register fitting on a real module: at ptxas's own choice the sm_80 2,2,128 bf16 fixed-order
 // backward takes 48 registers and spills; compiled again with the five CTAs per SM those
 // allow named, it uses no local memory, and the module's other kernels keep their names.
-// The short-window THD-packed module of `c` for `arch`, as the library specifies it.
-compressor::ModuleSpec short_window_module(const Config& c, const std::string& arch) {
-  return compressor::make_module_spec(c, csa_kernel::kLayoutThdPacked, Family::kShortWindow,
+// The short-window module of `c` for `arch` (THD-packed unless named), as the library
+// specifies it.
+compressor::ModuleSpec short_window_module(const Config& c, const std::string& arch,
+                                           int kernel_layout = csa_kernel::kLayoutThdPacked) {
+  return compressor::make_module_spec(c, kernel_layout, Family::kShortWindow,
                                       schedule::select_short_window(c), arch,
                                       compressor::CompileOptions{});
 }
@@ -269,7 +271,7 @@ TEST(NvrtcCompile, RegisterFittingPinsWhatPtxasSpilled) {
   const int slot = spec.slots.short_window.backward_fixed;
   ASSERT_GE(slot, 0);
   EXPECT_NE(fitted.lowered_names[slot], plain.lowered_names[slot]);
-  EXPECT_NE(fitted.lowered_names[slot].find("ELi5EEEv"), std::string::npos)
+  EXPECT_NE(fitted.lowered_names[slot].find("ELi5ELb0EEEv"), std::string::npos)  // first form
       << fitted.lowered_names[slot];
   int unchanged = 0;
   for (std::size_t i = 0; i < plain.lowered_names.size(); ++i)
@@ -290,8 +292,43 @@ TEST(NvrtcCompile, RegisterFittingClimbsWhereThePinnedBudgetSpills) {
     EXPECT_EQ(k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes, 0) << k.name;
   const int slot = spec.slots.short_window.backward_atomic;
   ASSERT_GE(slot, 0);
-  EXPECT_NE(fitted.lowered_names[slot].find("ELi3EEEv"), std::string::npos)
+  EXPECT_NE(fitted.lowered_names[slot].find("ELi3ELb0EEEv"), std::string::npos)  // first form
       << fitted.lowered_names[slot];
+}
+
+// A kernel at a named residency that still uses local memory takes its second form where that
+// uses less: the sm_90 fp16 SBHD resident atomic backward (windows of 8 slots at three CTAs;
+// the first form keeps a value across its rows in local memory, the second writes its zeros
+// first and needs none). The module's kernels without local memory keep their first form.
+TEST(NvrtcCompile, RegisterFittingTakesTheSecondFormWhereItUsesLess) {
+  Config c{4, 512, 2};
+  c.dtype = DType::kF16;
+  c.layout = Layout::kSbhd;
+  const auto spec = short_window_module(c, "sm_90", csa_kernel::kLayoutSbhd);
+  nvrtc::Compiler compiler(compressor::kernel_headers());
+  const nvrtc::CompileResult plain = compiler.compile(spec.request);
+  const auto plain_report = nvrtc::parse_ptxas_report(plain.log);
+  const auto fitted = compressor::compile_fitted(compiler, spec.request, spec.residency);
+  const auto fitted_report = nvrtc::parse_ptxas_report(fitted.log);
+  auto local_bytes = [](const std::vector<nvrtc::KernelResources>& report,
+                        const std::string& name) {
+    for (const auto& k : report)
+      if (k.name == name) return k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes;
+    ADD_FAILURE() << name << " not in the report";
+    return -1;
+  };
+  const auto atomic = static_cast<std::size_t>(spec.slots.short_window.backward_atomic_resident);
+  ASSERT_LT(atomic, plain.lowered_names.size());
+  EXPECT_GT(local_bytes(plain_report, plain.lowered_names[atomic]), 0) << plain.log;
+  EXPECT_NE(fitted.lowered_names[atomic].find("ELi3ELb1EEEv"), std::string::npos)
+      << fitted.lowered_names[atomic];
+  ASSERT_EQ(fitted.lowered_names.size(), plain.lowered_names.size());
+  for (std::size_t i = 0; i < fitted.lowered_names.size(); ++i) {
+    EXPECT_EQ(local_bytes(fitted_report, fitted.lowered_names[i]), 0) << fitted.lowered_names[i];
+    if (i != atomic) {
+      EXPECT_EQ(fitted.lowered_names[i], plain.lowered_names[i]);
+    }
+  }
 }
 
 TEST(NvrtcCompile, ReferenceFamilyCompiles) {

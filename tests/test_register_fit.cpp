@@ -97,6 +97,23 @@ TEST(RegisterFit, LeavesModulesWithoutLocalMemoryOrReportsAlone) {
                             {kernel("a0", 48, 8, 8), kernel("a3", 80, 0, 0)}, "sm_90"));
 }
 
+TEST(RegisterFit, TheSecondFormIsTriedWhereLocalMemoryRemains) {
+  Residency formed = at("k<A,", 0);
+  formed.second_form = true;
+  Residency named = at("k<B,", 3);
+  named.second_form = true;
+  const std::vector<std::string> names = {"k<A,2,false>", "k<B,3,false>", "k<A,0>", "other"};
+  const ResidencyTable residency = {formed, named, at("k<A,", 0), std::nullopt};
+  // Local memory left in the first two (a rung's residency, a named one) and the third (no
+  // second form); the fourth has no residency argument.
+  EXPECT_EQ(*second_form_names(names, residency, {2, 3, 0, 0}, {16, 8, 8, 8}),
+            (std::vector<std::string>{"k<A,2,true>", "k<B,3,true>", "k<A,0>", "other"}));
+  // None left, or not reported (-1): nothing to compile.
+  EXPECT_FALSE(second_form_names(names, residency, {2, 3, 0, 0}, {0, -1, 8, 8}));
+  // Tables that do not match the names.
+  EXPECT_FALSE(second_form_names(names, residency, {2, 3}, {16, 8, 8, 8}));
+}
+
 TEST(RegisterFit, ThePinnedResidencyRespectsTheArchsThreadLimit) {
   const std::vector<std::string> names = {"k<A,0>"};
   const ResidencyTable residency = {at("k<A,", 0)};

@@ -16,7 +16,9 @@
 
 namespace csa::compressor {
 
-template <int PARAMS>
+// SECOND_FORM: the template's last parameter, after its residency, is a bool that chooses the
+// kernel's second form, which register fitting may take (register_fit.hpp).
+template <int PARAMS, bool SECOND_FORM = false>
 struct KernelTemplate {
   std::string_view header;
   std::string_view name;
@@ -28,9 +30,9 @@ namespace kernel_templates {
 // short_window.cuh: <shape, VEC, THREADS, MIN_CTAS>
 inline constexpr KernelTemplate<3> kShortWindowForward{"short_window.cuh",
                                                        "csa_kernel::short_window_forward"};
-// short_window.cuh: <shape, VEC, TX, TY, FIXED_ORDER, MIN_CTAS>
-inline constexpr KernelTemplate<5> kShortWindowBackward{"short_window.cuh",
-                                                        "csa_kernel::short_window_backward"};
+// short_window.cuh: <shape, VEC, TX, TY, FIXED_ORDER, MIN_CTAS, ZEROS_FIRST>
+inline constexpr KernelTemplate<6, true> kShortWindowBackward{"short_window.cuh",
+                                                              "csa_kernel::short_window_backward"};
 // reference.cuh: <shape>
 inline constexpr KernelTemplate<0> kReferenceForward{"reference.cuh",
                                                      "csa_kernel::reference_forward"};
@@ -69,8 +71,8 @@ class ModuleBuilder {
   explicit ModuleBuilder(std::string shape = {}) : shape_(std::move(shape)) {}
 
   // The instance of `t` with one argument per template parameter after the shape.
-  template <int N, class... Args>
-  std::string expression(const KernelTemplate<N>& t, const Args&... args) const {
+  template <int N, bool F, class... Args>
+  std::string expression(const KernelTemplate<N, F>& t, const Args&... args) const {
     static_assert(N < 0 ? sizeof...(Args) == 0 : sizeof...(Args) == static_cast<std::size_t>(N),
                   "one argument per template parameter");
     if constexpr (N < 0) {
@@ -82,17 +84,27 @@ class ModuleBuilder {
     }
   }
   // Adds the instance (or finds it); its slot.
-  template <int N, class... Args>
-  int add(const KernelTemplate<N>& t, const Args&... args) {
+  template <int N, bool F, class... Args>
+  int add(const KernelTemplate<N, F>& t, const Args&... args) {
     return add_expression(t.header, expression(t, args...), std::nullopt);
   }
   // The same for a template whose last parameter is its residency (the CTAs per SM of
-  // `threads` threads its registers must fit; 0: ptxas's choice), which register fitting may
-  // change (register_fit.hpp).
-  template <int N, class... Args>
-  int add_resident(const KernelTemplate<N>& t, int threads, int min_ctas, const Args&... leading) {
-    std::string name = expression(t, leading..., min_ctas);
-    Residency r{name.substr(0, name.rfind(',') + 1), threads, min_ctas};
+  // `threads` threads its registers must fit; 0: ptxas's choice), or whose residency its
+  // second-form flag follows (named in its first form), which register fitting may change
+  // (register_fit.hpp).
+  template <int N, bool F, class... Args>
+  int add_resident(const KernelTemplate<N, F>& t, int threads, int min_ctas,
+                   const Args&... leading) {
+    Residency r{{}, threads, min_ctas, F};
+    std::string name;
+    if constexpr (F) {
+      name = expression(t, leading..., min_ctas, false);
+    } else {
+      name = expression(t, leading..., min_ctas);
+    }
+    // The prefix ends at the comma before the residency.
+    const std::size_t residency_comma = F ? name.rfind(',', name.rfind(',') - 1) : name.rfind(',');
+    r.prefix = name.substr(0, residency_comma + 1);
     return add_expression(t.header, std::move(name), std::move(r));
   }
 

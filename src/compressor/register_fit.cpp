@@ -24,8 +24,9 @@ long long local_memory_bytes(const nvrtc::KernelResources& k) {
   return static_cast<long long>(k.spill_store_bytes) + k.spill_load_bytes + k.stack_bytes;
 }
 
-std::string expression_at(const Residency& r, int ctas) {
-  return fmt::format("{}{}>", r.prefix, ctas);
+std::string expression_at(const Residency& r, int ctas, bool second_form = false) {
+  if (!r.second_form) return fmt::format("{}{}>", r.prefix, ctas);
+  return fmt::format("{}{},{}>", r.prefix, ctas, second_form);
 }
 
 // `request` compiled with `names` (one per slot; a name two slots share compiled once), its
@@ -109,6 +110,25 @@ std::vector<std::string> rung_names(const std::vector<std::string>& names,
   return out;
 }
 
+std::optional<std::vector<std::string>> second_form_names(const std::vector<std::string>& names,
+                                                          const ResidencyTable& residency,
+                                                          const std::vector<int>& ctas,
+                                                          const std::vector<long long>& bytes) {
+  if (residency.size() != names.size() || ctas.size() != names.size() ||
+      bytes.size() != names.size())
+    return std::nullopt;
+  std::vector<std::string> out = names;
+  bool any = false;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& r = residency[i];
+    if (!r || !r->second_form || bytes[i] <= 0) continue;
+    out[i] = expression_at(*r, ctas[i], true);
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  return out;
+}
+
 std::optional<std::vector<std::string>> fitted_names(
     const std::vector<std::string>& names, const ResidencyTable& residency,
     const std::vector<std::string>& lowered, const std::vector<nvrtc::KernelResources>& report,
@@ -123,39 +143,58 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
                                     const nvrtc::CompileRequest& request,
                                     const ResidencyTable& residency) {
   nvrtc::CompileResult first = compiler.compile(request);
-  if (residency.empty() || residency.size() != request.name_expressions.size()) return first;
-  const auto first_report = nvrtc::parse_ptxas_report(first.log);
-  auto pinned = first_rung(residency, first.lowered_names, first_report, request.arch);
-  if (!pinned) return first;
-  // Per slot, the name with the least local memory so far (the first compile's on a tie).
+  const std::size_t slots = request.name_expressions.size();
+  if (residency.empty() || residency.size() != slots) return first;
+  // Per slot, the name with the least local memory so far (the first compile's on a tie) and
+  // its residency.
   std::vector<std::string> best = request.name_expressions;
-  std::vector<long long> best_bytes = local_bytes(first.lowered_names, first_report);
+  std::vector<long long> best_bytes =
+      local_bytes(first.lowered_names, nvrtc::parse_ptxas_report(first.log));
+  std::vector<int> best_ctas(slots, 0);
+  for (std::size_t i = 0; i < slots; ++i) best_ctas[i] = residency[i] ? residency[i]->min_ctas : 0;
   double seconds = first.seconds;
   std::optional<nvrtc::CompileResult> last;
   std::vector<std::string> last_names;
-  for (int rung = 0; rung < kMaxRungs; ++rung) {
-    if (std::none_of(pinned->begin(), pinned->end(), [](int ctas) { return ctas > 0; })) break;
-    std::vector<std::string> names = rung_names(best, residency, *pinned);
+  // Compiles `names` (each slot at residency `ctas`) and keeps each slot's name where it has
+  // less local memory than the best so far.
+  auto compile_and_keep = [&](std::vector<std::string> names, const std::vector<int>& ctas) {
     nvrtc::CompileResult result = compile_names(compiler, request, names);
     seconds += result.seconds;
     const auto bytes = local_bytes(result.lowered_names, nvrtc::parse_ptxas_report(result.log));
-    for (std::size_t i = 0; i < names.size(); ++i) {
-      int& ctas = (*pinned)[i];
-      if (ctas == 0) continue;
+    for (std::size_t i = 0; i < slots; ++i) {
       if (bytes[i] >= 0 && bytes[i] < best_bytes[i]) {
         best[i] = names[i];
         best_bytes[i] = bytes[i];
+        best_ctas[i] = ctas[i];
       }
-      // NOTE: a rung that spills more than the one above does not stop the climb: ptxas's
-      // allocation is not monotonic in the budget (a 64-register kernel that spills at four
-      // CTAs named may need none at three).
-      ctas = best_bytes[i] > 0 && ctas > 1 ? ctas - 1 : 0;
     }
     last = std::move(result);
     last_names = std::move(names);
+  };
+
+  if (auto pinned = first_rung(residency, first.lowered_names, nvrtc::parse_ptxas_report(first.log),
+                               request.arch)) {
+    for (int rung = 0; rung < kMaxRungs; ++rung) {
+      if (std::none_of(pinned->begin(), pinned->end(), [](int ctas) { return ctas > 0; })) break;
+      std::vector<int> ctas = best_ctas;
+      for (std::size_t i = 0; i < slots; ++i)
+        if ((*pinned)[i] > 0) ctas[i] = (*pinned)[i];
+      compile_and_keep(rung_names(best, residency, *pinned), ctas);
+      // NOTE: a rung that spills more than the one above does not stop the climb: ptxas's
+      // allocation is not monotonic in the budget (a 64-register kernel that spills at four
+      // CTAs named may need none at three).
+      for (std::size_t i = 0; i < slots; ++i) {
+        int& next = (*pinned)[i];
+        if (next > 0) next = best_bytes[i] > 0 && next > 1 ? next - 1 : 0;
+      }
+    }
   }
-  // The module of each kernel's best rung: the last compile or the first where it is one,
-  // else one more.
+  if (auto formed = second_form_names(best, residency, best_ctas, best_bytes)) {
+    compile_and_keep(std::move(*formed), best_ctas);
+  }
+  if (!last) return first;
+  // The module of each kernel's best name: the last compile or the first where it is one, else
+  // one more.
   nvrtc::CompileResult out;
   if (best == last_names) {
     out = std::move(*last);

@@ -6,7 +6,10 @@
 // still uses some, the next rungs pin one CTA fewer each (a larger budget), down to one CTA,
 // at most kMaxRungs compiles; each kernel keeps the rung with the least local memory (its
 // first compile on a tie). A residency the schedule names (measured against the default
-// kernel, spills and all) stays. Modules without local memory compile once and are unchanged.
+// kernel, spills and all) stays. A kernel with a second form (a template flag after its
+// residency: the same result, keeping fewer values live across its main loop) that still uses
+// local memory after that is compiled once more in that form at the residency it kept, and
+// keeps the form with less. Modules without local memory compile once and are unchanged.
 // The decisions are a function of the module's compiles, so its cache key decides its cubin.
 #pragma once
 
@@ -19,18 +22,20 @@
 namespace csa::compressor {
 
 // A kernel instance with a residency argument: its name expression is
-// `prefix + std::to_string(min_ctas) + ">"`.
+// `prefix + std::to_string(min_ctas) + ">"`, or with a second form
+// `prefix + std::to_string(min_ctas) + ",false>"` (",true>": the second form).
 struct Residency {
   std::string prefix;
-  int threads = 0;   // per CTA
-  int min_ctas = 0;  // as asked (0: ptxas's choice)
+  int threads = 0;           // per CTA
+  int min_ctas = 0;          // as asked (0: ptxas's choice)
+  bool second_form = false;  // a bool after the residency chooses the kernel's second form
 };
 
 // One entry per name expression of a module (nullopt: no residency argument).
 using ResidencyTable = std::vector<std::optional<Residency>>;
 
 // Bump when the rule changes: it is part of every module's cache key.
-inline constexpr int kRegisterFitVersion = 2;
+inline constexpr int kRegisterFitVersion = 3;
 
 // Compiles after the first at most: pinned at the residency the registers give, then two more
 // rungs (a 128-register kernel at ptxas's choice reaches one CTA, a 48-register one four).
@@ -55,6 +60,14 @@ std::vector<std::string> rung_names(const std::vector<std::string>& names,
                                     const ResidencyTable& residency,
                                     const std::vector<int>& pinned);
 
+// The last step after the rungs: `names` (each slot's best so far, at residency `ctas`) with
+// each slot that has a second form and still uses local memory (`bytes` > 0) in that form;
+// nullopt where no slot changes.
+std::optional<std::vector<std::string>> second_form_names(const std::vector<std::string>& names,
+                                                          const ResidencyTable& residency,
+                                                          const std::vector<int>& ctas,
+                                                          const std::vector<long long>& bytes);
+
 // The name expressions to compile instead of `names` after a first compile with lowered names
 // `lowered` and ptxas report `report`; nullopt where no kernel changes (or the report lacks
 // one: fitting needs `--ptxas-options=-v`).
@@ -63,9 +76,10 @@ std::optional<std::vector<std::string>> fitted_names(
     const std::vector<std::string>& lowered, const std::vector<nvrtc::KernelResources>& report,
     const std::string& arch);
 
-// Compiles `request`, then the rungs of the kernels that use local memory. The result has one
-// lowered name per name expression of `request`, in its order (a fitted name two slots share is
-// compiled once), and the log of the compile it comes from.
+// Compiles `request`, then the rungs of the kernels that use local memory, then the second
+// forms of those that still do. The result has one lowered name per name expression of
+// `request`, in its order (a fitted name two slots share is compiled once), and the log of the
+// compile it comes from.
 nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
                                     const nvrtc::CompileRequest& request,
                                     const ResidencyTable& residency);
