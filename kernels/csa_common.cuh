@@ -45,6 +45,15 @@ __device__ __forceinline__ int reread_block_thread_x(int span) {
   return static_cast<int>(block) * span + static_cast<int>(thread);
 }
 
+// threadIdx.y * blockDim.x + threadIdx.x of a CTA of `tx` columns of threads, read from the
+// special registers at this point (volatile on purpose, as reread_block_thread_x).
+__device__ __forceinline__ int reread_thread_linear(int tx) {
+  unsigned x, y;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(x));
+  asm volatile("mov.u32 %0, %%tid.y;" : "=r"(y));
+  return static_cast<int>(y) * tx + static_cast<int>(x);
+}
+
 // acc += b per lane, each sum rounded to nearest (no contraction).
 __device__ __forceinline__ void add_rn_into(float4& acc, const float4& b) {
   acc.x = __fadd_rn(acc.x, b.x);

@@ -56,6 +56,16 @@ CSA_SHARED_FN bool tail_row_threads_ok(int threads) {
 // The widest head_dim a tail kernel serves (256 threads of 4 columns).
 constexpr int kTailMaxHeadDim = 1024;
 
+// The short-window backward's forms (its last template argument, after its residency), which
+// register fitting tries in this order where the default still uses local memory: the same
+// bytes out, fewer values live across the row loop (kernels/short_window.cuh).
+enum ShortWindowBackwardForm : int {
+  kBackwardFormDefault = 0,
+  kBackwardFormZerosFirst = 1,  // the zeros no pooled row owns written before the rows
+  kBackwardFormLean = 2,        // that, and nothing else held across the rows it can re-derive
+  kShortWindowBackwardForms = 3,
+};
+
 // The long-window family's tail runs once a row is complete, over a CTA of `threads` threads
 // (the lanes form's, a power of two): the columns each thread holds, 1, 2, 4 or 8, the fewest
 // for which a row's threads (tail_row_threads_ok) divide the CTA; 0 where none does (head_dim

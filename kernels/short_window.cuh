@@ -245,14 +245,20 @@ __device__ __forceinline__ void zero_grad_ape_block(const BackwardParams& p, int
   }
 }
 
-// MIN_CTAS: the CTAs per SM ptxas must fit (0: its own choice). ZEROS_FIRST: the zeros no row
-// owns are written before the rows, so nothing of theirs is live across the row loop (register
-// fitting's second form, for kernels whose first form still uses local memory).
+// MIN_CTAS: the CTAs per SM ptxas must fit (0: its own choice). FORM: a ShortWindowBackwardForm
+// (csa_params.h), register fitting's choice for kernels whose default form still uses local
+// memory. The same bytes out, with fewer values live across the row loop: from the zeros-first
+// form on, the zeros no row owns are written before the rows; in the lean form also the claim
+// word's value waits in shared memory, and each row takes its thread index from the special
+// registers and its buffer parity from the lane's iteration count.
 template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER,
-          int MIN_CTAS, bool ZEROS_FIRST>
+          int MIN_CTAS, int FORM>
 __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     short_window_backward(const __grid_constant__ BackwardParams p) {
   pdl_enter(/*dependents_first=*/true);  // one wave: see backward_grid()
+  static_assert(FORM >= kBackwardFormDefault && FORM < kShortWindowBackwardForms, "a form");
+  constexpr bool ZEROS_FIRST = FORM >= kBackwardFormZerosFirst;
+  constexpr bool LEAN = FORM >= kBackwardFormLean;
   using E = typename IO::E;
   using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   constexpr int W = COFF * HEAD_DIM;
@@ -265,7 +271,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   const int cv = blockIdx.x * TX + tx;
   const bool active = cv < NCV;
   const int col = cv * VEC;
-  // In the first form the zero loops after the rows take the column and the used-token count.
+  // In the default form the zero loops after the rows take the column and the used-token count.
   // Loaded up front, the count's round trip overlaps the rows'. NOTE: at a named residency (the
   // resident backward) ptxas kept one of the two in local memory through the row loop, so THD
   // kernels read both again after it. Not SBHD (its count needs no load) nor the tails: there
@@ -301,6 +307,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   // here for the arrival's reply).
   const bool claims = !FIXED_ORDER && p.workspace != nullptr;
   unsigned long long claim = 0;
+  __shared__ unsigned long long parked_claim;
   if (claims) {
     claim = claim_arrive(grad_ape_claim_word(p));
     claim_zero_if_first(grad_ape_claim_word(p), gridDim.y, claim, [&](int t, int threads) {
@@ -309,6 +316,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
         for (int c = t; c < HEAD_DIM; c += threads) p.grad_w[c] = 0.0f;
       }
     });
+    if (LEAN && tid == 0) parked_claim = claim;
   }
 
   float dape_prev[NPREV][VEC];
@@ -341,7 +349,8 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       load_vec<E, VEC>(IO::in(p.grad_out) + row * gout_stride + col, g);
       const RowWindow w = L::locate(p, row);
       if (w.padding) continue;  // the whole row's threads alike
-      Tail::template stage_operands<VEC, HEAD_DIM, TX * TY>(p, col, w.block, tid);
+      const int row_tid = LEAN ? reread_thread_linear(TX) : tid;
+      Tail::template stage_operands<VEC, HEAD_DIM, TX * TY>(p, col, w.block, row_tid);
       const bool use_prev = COFF == 2 && !w.first;
       float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
       float own_e[RATIO][VEC], own_kv[RATIO][VEC];
@@ -369,7 +378,11 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
 #pragma unroll
           for (int v = 0; v < VEC; ++v)
             x[v] = __fadd_rn(x[v], __fmul_rn(own_kv[k][v], own_e[k][v]));
-        Tail::template backward_row<VEC, HEAD_DIM, TX * TY>(p, col, tid, parity, x, g, dw);
+        // NOTE: the lean form takes the parity from the lane's iteration count: the same
+        // alternation, since padding rows (skipped) are the last rows of the pack.
+        const int row_parity =
+            LEAN ? ((row - static_cast<int>(blockIdx.y) * p.rows_per_cta) / TY) & 1 : parity;
+        Tail::template backward_row<VEC, HEAD_DIM, TX * TY>(p, col, row_tid, row_parity, x, g, dw);
         parity ^= 1;
       }
 
@@ -412,7 +425,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       }
     }
 
-    // The zeros no row owns, in the first form after the rows.
+    // The zeros no row owns, in the default form after the rows.
     if constexpr (!ZEROS_FIRST) {
       const int zcol = REREAD ? reread_block_thread_x(TX) * VEC : col;
       const int zused = REREAD ? L::used_tokens(p) : used;
@@ -424,7 +437,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   // (slot, column) elements over the TY row lanes in lane order (fixed, so bitwise stable) and
   // writes one partial (or one atomic) per element, consecutive threads on consecutive floats.
   // The block zeroed before this CTA's adds; a barrier follows (the fold's, or the one below).
-  if (claims) claim_await_zeroed(grad_ape_claim_word(p), gridDim.y, claim);
+  if (claims) claim_await_zeroed(grad_ape_claim_word(p), gridDim.y, LEAN ? parked_claim : claim);
   if constexpr (TY > 1) {
     __shared__ __align__(16) float fold[TY][SLOTS][ROW_FLOATS];
 #pragma unroll

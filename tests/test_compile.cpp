@@ -271,7 +271,7 @@ TEST(NvrtcCompile, RegisterFittingPinsWhatPtxasSpilled) {
   const int slot = spec.slots.short_window.backward_fixed;
   ASSERT_GE(slot, 0);
   EXPECT_NE(fitted.lowered_names[slot], plain.lowered_names[slot]);
-  EXPECT_NE(fitted.lowered_names[slot].find("ELi5ELb0EEEv"), std::string::npos)  // first form
+  EXPECT_NE(fitted.lowered_names[slot].find("ELi5ELi0EEEv"), std::string::npos)  // default form
       << fitted.lowered_names[slot];
   int unchanged = 0;
   for (std::size_t i = 0; i < plain.lowered_names.size(); ++i)
@@ -292,15 +292,15 @@ TEST(NvrtcCompile, RegisterFittingClimbsWhereThePinnedBudgetSpills) {
     EXPECT_EQ(k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes, 0) << k.name;
   const int slot = spec.slots.short_window.backward_atomic;
   ASSERT_GE(slot, 0);
-  EXPECT_NE(fitted.lowered_names[slot].find("ELi3ELb0EEEv"), std::string::npos)  // first form
+  EXPECT_NE(fitted.lowered_names[slot].find("ELi3ELi0EEEv"), std::string::npos)  // default form
       << fitted.lowered_names[slot];
 }
 
-// A kernel at a named residency that still uses local memory takes its second form where that
+// A kernel at a named residency that still uses local memory takes another form where that
 // uses less: the sm_90 fp16 SBHD resident atomic backward (windows of 8 slots at three CTAs;
-// the first form keeps a value across its rows in local memory, the second writes its zeros
-// first and needs none). The module's kernels without local memory keep their first form.
-TEST(NvrtcCompile, RegisterFittingTakesTheSecondFormWhereItUsesLess) {
+// the default form keeps a value across its rows in local memory, the zeros-first form needs
+// none). The module's kernels without local memory keep their default form.
+TEST(NvrtcCompile, RegisterFittingTakesAnotherFormWhereItUsesLess) {
   Config c{4, 512, 2};
   c.dtype = DType::kF16;
   c.layout = Layout::kSbhd;
@@ -320,7 +320,7 @@ TEST(NvrtcCompile, RegisterFittingTakesTheSecondFormWhereItUsesLess) {
   const auto atomic = static_cast<std::size_t>(spec.slots.short_window.backward_atomic_resident);
   ASSERT_LT(atomic, plain.lowered_names.size());
   EXPECT_GT(local_bytes(plain_report, plain.lowered_names[atomic]), 0) << plain.log;
-  EXPECT_NE(fitted.lowered_names[atomic].find("ELi3ELb1EEEv"), std::string::npos)
+  EXPECT_NE(fitted.lowered_names[atomic].find("ELi3ELi1EEEv"), std::string::npos)
       << fitted.lowered_names[atomic];
   ASSERT_EQ(fitted.lowered_names.size(), plain.lowered_names.size());
   for (std::size_t i = 0; i < fitted.lowered_names.size(); ++i) {

@@ -97,21 +97,27 @@ TEST(RegisterFit, LeavesModulesWithoutLocalMemoryOrReportsAlone) {
                             {kernel("a0", 48, 8, 8), kernel("a3", 80, 0, 0)}, "sm_90"));
 }
 
-TEST(RegisterFit, TheSecondFormIsTriedWhereLocalMemoryRemains) {
+TEST(RegisterFit, OtherFormsAreTriedWhereLocalMemoryRemains) {
   Residency formed = at("k<A,", 0);
-  formed.second_form = true;
+  formed.forms = 3;
   Residency named = at("k<B,", 3);
-  named.second_form = true;
-  const std::vector<std::string> names = {"k<A,2,false>", "k<B,3,false>", "k<A,0>", "other"};
+  named.forms = 2;
+  const std::vector<std::string> names = {"k<A,2,0>", "k<B,3,0>", "k<A,0>", "other"};
   const ResidencyTable residency = {formed, named, at("k<A,", 0), std::nullopt};
   // Local memory left in the first two (a rung's residency, a named one) and the third (no
-  // second form); the fourth has no residency argument.
-  EXPECT_EQ(*second_form_names(names, residency, {2, 3, 0, 0}, {16, 8, 8, 8}),
-            (std::vector<std::string>{"k<A,2,true>", "k<B,3,true>", "k<A,0>", "other"}));
+  // forms); the fourth has no residency argument.
+  const std::vector<int> ctas = {2, 3, 0, 0};
+  EXPECT_EQ(*form_names(names, residency, ctas, {16, 8, 8, 8}, 1),
+            (std::vector<std::string>{"k<A,2,1>", "k<B,3,1>", "k<A,0>", "other"}));
+  // Form 2: only the kernel that has it.
+  EXPECT_EQ(*form_names(names, residency, ctas, {16, 8, 8, 8}, 2),
+            (std::vector<std::string>{"k<A,2,2>", "k<B,3,0>", "k<A,0>", "other"}));
+  EXPECT_FALSE(form_names(names, residency, ctas, {16, 8, 8, 8}, 3));
   // None left, or not reported (-1): nothing to compile.
-  EXPECT_FALSE(second_form_names(names, residency, {2, 3, 0, 0}, {0, -1, 8, 8}));
-  // Tables that do not match the names.
-  EXPECT_FALSE(second_form_names(names, residency, {2, 3}, {16, 8, 8, 8}));
+  EXPECT_FALSE(form_names(names, residency, ctas, {0, -1, 8, 8}, 1));
+  // Tables that do not match the names, and form 0 (the default, not a step).
+  EXPECT_FALSE(form_names(names, residency, {2, 3}, {16, 8, 8, 8}, 1));
+  EXPECT_FALSE(form_names(names, residency, ctas, {16, 8, 8, 8}, 0));
 }
 
 TEST(RegisterFit, ThePinnedResidencyRespectsTheArchsThreadLimit) {

@@ -455,23 +455,23 @@ TEST(ScheduleTable, EntriesKeyedOnATailServeTailCallsOnly) {
 TEST(KernelTemplates, NameExpressionsComeFromTheTemplateDescriptions) {
   namespace kt = compressor::kernel_templates;
   compressor::ModuleBuilder m("csa_kernel::Io<0,0,0>,4,2,128");
-  EXPECT_EQ(m.add(kt::kShortWindowBackward, 2, 32, 8, true, 0, false), 0);
+  EXPECT_EQ(m.add(kt::kShortWindowBackward, 2, 32, 8, true, 0, 0), 0);
   EXPECT_EQ(m.add(kt::kApeReduce, 8), 1);
-  EXPECT_EQ(m.add(kt::kShortWindowBackward, 2, 32, 8, true, 0, false), 0);  // named twice: one slot
+  EXPECT_EQ(m.add(kt::kShortWindowBackward, 2, 32, 8, true, 0, 0), 0);  // named twice: one slot
   EXPECT_EQ(m.add(kt::kReferenceForward), 2);
   ASSERT_EQ(m.names().size(), 3u);
   EXPECT_EQ(m.names()[0],
-            "csa_kernel::short_window_backward<csa_kernel::Io<0,0,0>,4,2,128,2,32,8,true,0,false>");
+            "csa_kernel::short_window_backward<csa_kernel::Io<0,0,0>,4,2,128,2,32,8,true,0,0>");
   EXPECT_EQ(m.names()[1], "csa_kernel::ape_reduce<8>");  // unshaped
   EXPECT_EQ(m.names()[2], "csa_kernel::reference_forward<csa_kernel::Io<0,0,0>,4,2,128>");
   EXPECT_EQ(m.source(),
             "#include \"short_window.cuh\"\n#include \"ape_reduce.cuh\"\n"
             "#include \"reference.cuh\"\n");
-  // A resident instance is named in its first form; fitting renders the rest from its prefix.
+  // A resident instance is named in its default form; fitting renders the rest from its prefix.
   compressor::ModuleBuilder resident("csa_kernel::Io<0,0,0>,4,2,128");
   EXPECT_EQ(resident.add_resident(kt::kShortWindowBackward, 256, 2, 2, 32, 8, true), 0);
   EXPECT_EQ(resident.names()[0],
-            "csa_kernel::short_window_backward<csa_kernel::Io<0,0,0>,4,2,128,2,32,8,true,2,false>");
+            "csa_kernel::short_window_backward<csa_kernel::Io<0,0,0>,4,2,128,2,32,8,true,2,0>");
   const auto residency = resident.residency();
   ASSERT_EQ(residency.size(), 1u);
   ASSERT_TRUE(residency[0].has_value());
@@ -479,11 +479,11 @@ TEST(KernelTemplates, NameExpressionsComeFromTheTemplateDescriptions) {
             "csa_kernel::short_window_backward<csa_kernel::Io<0,0,0>,4,2,128,2,32,8,true,");
   EXPECT_EQ(residency[0]->min_ctas, 2);
   EXPECT_EQ(residency[0]->threads, 256);
-  EXPECT_TRUE(residency[0]->second_form);
+  EXPECT_EQ(residency[0]->forms, csa_kernel::kShortWindowBackwardForms);
   resident.add_resident(kt::kShortWindowForward, 128, 0, 4, 128);
   EXPECT_EQ(resident.residency()[1]->prefix,
             "csa_kernel::short_window_forward<csa_kernel::Io<0,0,0>,4,2,128,4,128,");
-  EXPECT_FALSE(resident.residency()[1]->second_form);
+  EXPECT_EQ(resident.residency()[1]->forms, 1);
   compressor::ModuleBuilder utility;
   utility.add(kt::kCheckOffsets);
   EXPECT_EQ(utility.names().front(), "csa_kernel::check_offsets");  // not a template
@@ -500,9 +500,9 @@ TEST(KernelTemplates, ModulesNameEveryKernelTheirLaunchesTake) {
     ASSERT_GE(slot, 0);
     ASSERT_LT(slot, static_cast<int>(names.size()));
   }
-  EXPECT_NE(names[static_cast<std::size_t>(s.backward_fixed)].find(",true,0,false>"),
+  EXPECT_NE(names[static_cast<std::size_t>(s.backward_fixed)].find(",true,0,0>"),
             std::string::npos);
-  EXPECT_NE(names[static_cast<std::size_t>(s.backward_atomic)].find(",false,0,false>"),
+  EXPECT_NE(names[static_cast<std::size_t>(s.backward_atomic)].find(",false,0,0>"),
             std::string::npos);
   EXPECT_NE(names[static_cast<std::size_t>(s.forward)].find("Io<0,2,0>,4,2,128"),
             std::string::npos);  // the SBHD policy
@@ -546,9 +546,9 @@ TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward)
   const auto& slots = sbhd.slots.short_window;
   ASSERT_GE(slots.backward_atomic_resident, 0);
   ASSERT_GE(slots.backward_fixed_resident, 0);
-  EXPECT_NE(names[static_cast<std::size_t>(slots.backward_atomic_resident)].find(",false,3,false>"),
+  EXPECT_NE(names[static_cast<std::size_t>(slots.backward_atomic_resident)].find(",false,3,0>"),
             std::string::npos);
-  EXPECT_NE(names[static_cast<std::size_t>(slots.backward_fixed_resident)].find(",true,3,false>"),
+  EXPECT_NE(names[static_cast<std::size_t>(slots.backward_fixed_resident)].find(",true,3,0>"),
             std::string::npos);
   EXPECT_EQ(names.size(), packed.request.name_expressions.size() + 2);
 }
@@ -572,7 +572,7 @@ TEST(KernelTemplates, TheTailsResidentBackwardServesLargeCalls) {
   EXPECT_EQ(slots.backward_atomic_resident, -1);  // one row lane: the fixed order only
   EXPECT_NE(
       spec.request.name_expressions[static_cast<std::size_t>(slots.backward_fixed_resident)].find(
-          ",true,3,false>"),
+          ",true,3,0>"),
       std::string::npos);
   c.head_dim = 128;  // row lanes: both forms
   const auto narrow = schedule::select_short_window(c);

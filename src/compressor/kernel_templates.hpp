@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "compressor/register_fit.hpp"
+#include "csa_params.h"
 
 namespace csa::compressor {
 
-// SECOND_FORM: the template's last parameter, after its residency, is a bool that chooses the
-// kernel's second form, which register fitting may take (register_fit.hpp).
-template <int PARAMS, bool SECOND_FORM = false>
+// FORMS: above 1, the template's last parameter, after its residency, is an int that chooses
+// one of the kernel's FORMS forms (0: the default), which register fitting may take
+// (register_fit.hpp).
+template <int PARAMS, int FORMS = 1>
 struct KernelTemplate {
   std::string_view header;
   std::string_view name;
@@ -30,9 +32,9 @@ namespace kernel_templates {
 // short_window.cuh: <shape, VEC, THREADS, MIN_CTAS>
 inline constexpr KernelTemplate<3> kShortWindowForward{"short_window.cuh",
                                                        "csa_kernel::short_window_forward"};
-// short_window.cuh: <shape, VEC, TX, TY, FIXED_ORDER, MIN_CTAS, ZEROS_FIRST>
-inline constexpr KernelTemplate<6, true> kShortWindowBackward{"short_window.cuh",
-                                                              "csa_kernel::short_window_backward"};
+// short_window.cuh: <shape, VEC, TX, TY, FIXED_ORDER, MIN_CTAS, FORM>
+inline constexpr KernelTemplate<6, csa_kernel::kShortWindowBackwardForms> kShortWindowBackward{
+    "short_window.cuh", "csa_kernel::short_window_backward"};
 // reference.cuh: <shape>
 inline constexpr KernelTemplate<0> kReferenceForward{"reference.cuh",
                                                      "csa_kernel::reference_forward"};
@@ -71,7 +73,7 @@ class ModuleBuilder {
   explicit ModuleBuilder(std::string shape = {}) : shape_(std::move(shape)) {}
 
   // The instance of `t` with one argument per template parameter after the shape.
-  template <int N, bool F, class... Args>
+  template <int N, int F, class... Args>
   std::string expression(const KernelTemplate<N, F>& t, const Args&... args) const {
     static_assert(N < 0 ? sizeof...(Args) == 0 : sizeof...(Args) == static_cast<std::size_t>(N),
                   "one argument per template parameter");
@@ -84,26 +86,26 @@ class ModuleBuilder {
     }
   }
   // Adds the instance (or finds it); its slot.
-  template <int N, bool F, class... Args>
+  template <int N, int F, class... Args>
   int add(const KernelTemplate<N, F>& t, const Args&... args) {
     return add_expression(t.header, expression(t, args...), std::nullopt);
   }
   // The same for a template whose last parameter is its residency (the CTAs per SM of
-  // `threads` threads its registers must fit; 0: ptxas's choice), or whose residency its
-  // second-form flag follows (named in its first form), which register fitting may change
-  // (register_fit.hpp).
-  template <int N, bool F, class... Args>
+  // `threads` threads its registers must fit; 0: ptxas's choice), or whose residency its form
+  // follows (named in form 0), which register fitting may change (register_fit.hpp).
+  template <int N, int F, class... Args>
   int add_resident(const KernelTemplate<N, F>& t, int threads, int min_ctas,
                    const Args&... leading) {
     Residency r{{}, threads, min_ctas, F};
     std::string name;
-    if constexpr (F) {
-      name = expression(t, leading..., min_ctas, false);
+    if constexpr (F > 1) {
+      name = expression(t, leading..., min_ctas, 0);
     } else {
       name = expression(t, leading..., min_ctas);
     }
     // The prefix ends at the comma before the residency.
-    const std::size_t residency_comma = F ? name.rfind(',', name.rfind(',') - 1) : name.rfind(',');
+    const std::size_t residency_comma =
+        F > 1 ? name.rfind(',', name.rfind(',') - 1) : name.rfind(',');
     r.prefix = name.substr(0, residency_comma + 1);
     return add_expression(t.header, std::move(name), std::move(r));
   }

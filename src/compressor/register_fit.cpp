@@ -24,9 +24,9 @@ long long local_memory_bytes(const nvrtc::KernelResources& k) {
   return static_cast<long long>(k.spill_store_bytes) + k.spill_load_bytes + k.stack_bytes;
 }
 
-std::string expression_at(const Residency& r, int ctas, bool second_form = false) {
-  if (!r.second_form) return fmt::format("{}{}>", r.prefix, ctas);
-  return fmt::format("{}{},{}>", r.prefix, ctas, second_form);
+std::string expression_at(const Residency& r, int ctas, int form = 0) {
+  if (r.forms <= 1) return fmt::format("{}{}>", r.prefix, ctas);
+  return fmt::format("{}{},{}>", r.prefix, ctas, form);
 }
 
 // `request` compiled with `names` (one per slot; a name two slots share compiled once), its
@@ -110,19 +110,19 @@ std::vector<std::string> rung_names(const std::vector<std::string>& names,
   return out;
 }
 
-std::optional<std::vector<std::string>> second_form_names(const std::vector<std::string>& names,
-                                                          const ResidencyTable& residency,
-                                                          const std::vector<int>& ctas,
-                                                          const std::vector<long long>& bytes) {
+std::optional<std::vector<std::string>> form_names(const std::vector<std::string>& names,
+                                                   const ResidencyTable& residency,
+                                                   const std::vector<int>& ctas,
+                                                   const std::vector<long long>& bytes, int form) {
   if (residency.size() != names.size() || ctas.size() != names.size() ||
-      bytes.size() != names.size())
+      bytes.size() != names.size() || form < 1)
     return std::nullopt;
   std::vector<std::string> out = names;
   bool any = false;
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto& r = residency[i];
-    if (!r || !r->second_form || bytes[i] <= 0) continue;
-    out[i] = expression_at(*r, ctas[i], true);
+    if (!r || form >= r->forms || bytes[i] <= 0) continue;
+    out[i] = expression_at(*r, ctas[i], form);
     any = true;
   }
   if (!any) return std::nullopt;
@@ -189,8 +189,12 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
       }
     }
   }
-  if (auto formed = second_form_names(best, residency, best_ctas, best_bytes)) {
-    compile_and_keep(std::move(*formed), best_ctas);
+  int forms = 1;
+  for (const auto& r : residency) forms = r ? std::max(forms, r->forms) : forms;
+  for (int form = 1; form < forms; ++form) {
+    if (auto formed = form_names(best, residency, best_ctas, best_bytes, form)) {
+      compile_and_keep(std::move(*formed), best_ctas);
+    }
   }
   if (!last) return first;
   // The module of each kernel's best name: the last compile or the first where it is one, else

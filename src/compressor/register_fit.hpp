@@ -6,10 +6,11 @@
 // still uses some, the next rungs pin one CTA fewer each (a larger budget), down to one CTA,
 // at most kMaxRungs compiles; each kernel keeps the rung with the least local memory (its
 // first compile on a tie). A residency the schedule names (measured against the default
-// kernel, spills and all) stays. A kernel with a second form (a template flag after its
-// residency: the same result, keeping fewer values live across its main loop) that still uses
-// local memory after that is compiled once more in that form at the residency it kept, and
-// keeps the form with less. Modules without local memory compile once and are unchanged.
+// kernel, spills and all) stays. A kernel with other forms (an int after its residency: the
+// same result, keeping fewer values live across its main loop) that still uses local memory
+// after that is compiled once more in each, in order, at the residency it kept, while some
+// remains, and keeps the form with the least (the earlier on a tie). Modules without local
+// memory compile once and are unchanged.
 // The decisions are a function of the module's compiles, so its cache key decides its cubin.
 #pragma once
 
@@ -22,20 +23,20 @@
 namespace csa::compressor {
 
 // A kernel instance with a residency argument: its name expression is
-// `prefix + std::to_string(min_ctas) + ">"`, or with a second form
-// `prefix + std::to_string(min_ctas) + ",false>"` (",true>": the second form).
+// `prefix + std::to_string(min_ctas) + ">"`, or, with forms,
+// `prefix + std::to_string(min_ctas) + "," + std::to_string(form) + ">"`.
 struct Residency {
   std::string prefix;
-  int threads = 0;           // per CTA
-  int min_ctas = 0;          // as asked (0: ptxas's choice)
-  bool second_form = false;  // a bool after the residency chooses the kernel's second form
+  int threads = 0;   // per CTA
+  int min_ctas = 0;  // as asked (0: ptxas's choice)
+  int forms = 1;     // above 1: an int after the residency chooses the form (as asked: 0)
 };
 
 // One entry per name expression of a module (nullopt: no residency argument).
 using ResidencyTable = std::vector<std::optional<Residency>>;
 
 // Bump when the rule changes: it is part of every module's cache key.
-inline constexpr int kRegisterFitVersion = 3;
+inline constexpr int kRegisterFitVersion = 4;
 
 // Compiles after the first at most: pinned at the residency the registers give, then two more
 // rungs (a 128-register kernel at ptxas's choice reaches one CTA, a 48-register one four).
@@ -60,13 +61,13 @@ std::vector<std::string> rung_names(const std::vector<std::string>& names,
                                     const ResidencyTable& residency,
                                     const std::vector<int>& pinned);
 
-// The last step after the rungs: `names` (each slot's best so far, at residency `ctas`) with
-// each slot that has a second form and still uses local memory (`bytes` > 0) in that form;
-// nullopt where no slot changes.
-std::optional<std::vector<std::string>> second_form_names(const std::vector<std::string>& names,
-                                                          const ResidencyTable& residency,
-                                                          const std::vector<int>& ctas,
-                                                          const std::vector<long long>& bytes);
+// A step after the rungs: `names` (each slot's best so far, at residency `ctas`) with each slot
+// that has form `form` and still uses local memory (`bytes` > 0) in that form; nullopt where
+// no slot changes.
+std::optional<std::vector<std::string>> form_names(const std::vector<std::string>& names,
+                                                   const ResidencyTable& residency,
+                                                   const std::vector<int>& ctas,
+                                                   const std::vector<long long>& bytes, int form);
 
 // The name expressions to compile instead of `names` after a first compile with lowered names
 // `lowered` and ptxas report `report`; nullopt where no kernel changes (or the report lacks
@@ -76,7 +77,7 @@ std::optional<std::vector<std::string>> fitted_names(
     const std::vector<std::string>& lowered, const std::vector<nvrtc::KernelResources>& report,
     const std::string& arch);
 
-// Compiles `request`, then the rungs of the kernels that use local memory, then the second
+// Compiles `request`, then the rungs of the kernels that use local memory, then the other
 // forms of those that still do. The result has one lowered name per name expression of
 // `request`, in its order (a fitted name two slots share is compiled once), and the log of the
 // compile it comes from.
