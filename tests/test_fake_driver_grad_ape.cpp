@@ -240,8 +240,9 @@ TEST_F(FakeDriver, NarrowShortWindowBackwardTakesOneLaunchWithClaimWords) {
   rt.service.backward(many, kStream, Family::kAuto);
   EXPECT_EQ(state().launches, 6 + kCapturedCallsPerSlab) << "no claim words were left";
   EXPECT_EQ(state().memsets, 1) << "the captured fixed order needs no memset of grad_ape";
-  // The kernel's last two template arguments are FIXED_ORDER and MIN_CTAS (0 by default).
-  const std::string atomic = "ELb0ELi0EEEv", fixed = "ELb1ELi0EEEv";
+  // The kernel's last three template arguments are FIXED_ORDER, MIN_CTAS and FORM (0 by
+  // default).
+  const std::string atomic = "ELb0ELi0ELi0EEEv", fixed = "ELb1ELi0ELi0EEEv";
   std::lock_guard<std::mutex> lock(state().mutex);
   const auto& l = state().launched;
   ASSERT_EQ(l.size(), 6u + kCapturedCallsPerSlab);
