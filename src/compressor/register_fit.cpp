@@ -148,8 +148,8 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
   // Per slot, the name with the least local memory so far (the first compile's on a tie) and
   // its residency.
   std::vector<std::string> best = request.name_expressions;
-  std::vector<long long> best_bytes =
-      local_bytes(first.lowered_names, nvrtc::parse_ptxas_report(first.log));
+  const auto first_report = nvrtc::parse_ptxas_report(first.log);
+  std::vector<long long> best_bytes = local_bytes(first.lowered_names, first_report);
   std::vector<int> best_ctas(slots, 0);
   for (std::size_t i = 0; i < slots; ++i) best_ctas[i] = residency[i] ? residency[i]->min_ctas : 0;
   double seconds = first.seconds;
@@ -172,8 +172,7 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
     last_names = std::move(names);
   };
 
-  if (auto pinned = first_rung(residency, first.lowered_names, nvrtc::parse_ptxas_report(first.log),
-                               request.arch)) {
+  if (auto pinned = first_rung(residency, first.lowered_names, first_report, request.arch)) {
     for (int rung = 0; rung < kMaxRungs; ++rung) {
       if (std::none_of(pinned->begin(), pinned->end(), [](int ctas) { return ctas > 0; })) break;
       std::vector<int> ctas = best_ctas;
@@ -190,7 +189,8 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
     }
   }
   int forms = 1;
-  for (const auto& r : residency) forms = r ? std::max(forms, r->forms) : forms;
+  for (const auto& r : residency)
+    if (r) forms = std::max(forms, r->forms);
   for (int form = 1; form < forms; ++form) {
     if (auto formed = form_names(best, residency, best_ctas, best_bytes, form)) {
       compile_and_keep(std::move(*formed), best_ctas);
