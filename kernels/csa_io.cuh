@@ -209,8 +209,8 @@ struct Layout {
   static __device__ __forceinline__ RowWindow locate(const P& p, int row) {
     if constexpr (kSbhd) {
       const int batch = p.num_segments > 0 ? p.num_segments : 1;
-      const int b = row % batch;
-      const int i = row / batch;
+      const int i = divide_row(row, p.batch_divisor);
+      const int b = row - i * batch;
       const int blocks = p.seq_len / RATIO;
       RowWindow w;
       w.padding = i >= blocks;  // never: the host checks total_comp == blocks * B
@@ -225,7 +225,9 @@ struct Layout {
                                row);
     }
   }
-  // Where row's window most likely is, with no dependent load (the prefetches' guess).
+  // Where row's window most likely is, with no dependent load (the prefetches' guess). In SBHD
+  // the guess is the window (the short-window forward locates its row once, before the prefetch).
+  static constexpr bool kGuessIsExact = kSbhd;
   template <class P>
   static __device__ __forceinline__ RowWindow guess(const P& p, int row) {
     if constexpr (kSbhd) {

@@ -7,11 +7,13 @@
 
 #ifdef __CUDACC_RTC__
 typedef int csa_i32;
+typedef unsigned int csa_u32;
 typedef unsigned short csa_u16;
 #define CSA_SHARED_FN __host__ __device__ constexpr
 #else
 #include <cstdint>
 typedef std::int32_t csa_i32;
+typedef std::uint32_t csa_u32;
 typedef std::uint16_t csa_u16;
 #define CSA_SHARED_FN constexpr
 #endif
@@ -104,6 +106,32 @@ CSA_SHARED_FN int staged_window_bytes(int element, int window, int chunks, int c
          window * cols * element_bytes(element);
 }
 
+// Division by a divisor known only at launch (SBHD's batch B, which splits an output row into
+// its block and batch column) as a multiply-high, an add and a shift: n / d ==
+// (umulhi(n, multiplier) + n) >> shift for 0 <= n < 2^31 and 1 <= d < 2^31 (the round-up method
+// of Granlund and Montgomery). The host fills it with row_divisor; the kernels apply it with
+// divide_row.
+struct RowDivisor {
+  csa_u32 multiplier;
+  csa_i32 shift;
+};
+CSA_SHARED_FN RowDivisor row_divisor(csa_i32 divisor) {
+  csa_i32 shift = 0;
+  while ((1LL << shift) < divisor) ++shift;
+  // floor(2^32 (2^shift - d) / d) + 1: below 2^32, as 2^shift < 2 d.
+  const unsigned long long multiplier =
+      (((1ULL << shift) - static_cast<unsigned long long>(divisor)) << 32) /
+          static_cast<unsigned long long>(divisor) +
+      1;
+  return RowDivisor{static_cast<csa_u32>(multiplier), shift};
+}
+CSA_SHARED_FN csa_i32 divide_row(csa_i32 row, RowDivisor d) {
+  const csa_u32 n = static_cast<csa_u32>(row);
+  const csa_u32 high =
+      static_cast<csa_u32>((static_cast<unsigned long long>(n) * d.multiplier) >> 32);
+  return static_cast<csa_i32>((high + n) >> d.shift);  // no carry out: high <= n < 2^31
+}
+
 struct ForwardParams {
   const void* kv;
   const void* score;
@@ -119,7 +147,8 @@ struct ForwardParams {
   csa_i32 kv_stride;
   csa_i32 score_stride;
   csa_i32 out_stride;
-  csa_i32 seq_len;  // SBHD: S
+  csa_i32 seq_len;           // SBHD: S
+  RowDivisor batch_divisor;  // SBHD: of B
   // The tail epilogue's tensors (unused by the identity epilogue).
   const void* norm_weight;  // (head_dim,) bf16 or fp32
   const float* rope_cos;    // (rope_max_blocks, rope_dim / 2)
@@ -161,6 +190,7 @@ struct BackwardParams {
   csa_i32 grad_kv_stride;
   csa_i32 grad_score_stride;
   csa_i32 seq_len;
+  RowDivisor batch_divisor;
   csa_i32 reserved;  // keeps the size a multiple of 8 on both sides
   // The tail epilogue's tensors (unused by the identity epilogue); grad_w is summed as
   // grad_ape is: its partials after grad_ape's in each row group's workspace block (the fixed
@@ -197,8 +227,9 @@ struct OffsetCheckParams {
   csa_i32 ratio;
 };
 
-static_assert(sizeof(ForwardParams) == 12 * 8 + 10 * 4, "ForwardParams layout");
-static_assert(sizeof(BackwardParams) == 15 * 8 + 14 * 4, "BackwardParams layout");
+static_assert(sizeof(RowDivisor) == 2 * 4, "RowDivisor layout");
+static_assert(sizeof(ForwardParams) == 12 * 8 + 12 * 4, "ForwardParams layout");
+static_assert(sizeof(BackwardParams) == 15 * 8 + 16 * 4, "BackwardParams layout");
 static_assert(sizeof(ApeReduceParams) == 3 * 8 + 6 * 4, "ApeReduceParams layout");
 static_assert(sizeof(OffsetCheckParams) == 3 * 8 + 4 * 4, "OffsetCheckParams layout");
 

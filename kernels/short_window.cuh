@@ -76,13 +76,12 @@ __device__ __forceinline__ void load_window(const typename IO::T* score, const t
   }
 }
 
-// The window of one (row, VEC columns) at the guessed place (Layout::guess); every thread
+// The window `w` of one (row, VEC columns), at the guessed place (Layout::guess); every thread
 // prefetches its own sectors (a prefetch brings the 32-byte sectors its address touches).
 template <class IO, int RATIO, int COFF, int HEAD_DIM, class P>
-__device__ __forceinline__ void prefetch_row_window(const P& p, int row, int col) {
+__device__ __forceinline__ void prefetch_row_window(const P& p, const RowWindow& w, int col) {
   using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   constexpr int OWN = (COFF - 1) * HEAD_DIM;
-  const RowWindow w = L::guess(p, row);
   if (w.padding) return;
   const TokenRows sr = L::rows(p, p.score_stride);
   const TokenRows kr = L::rows(p, p.kv_stride);
@@ -121,7 +120,12 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS)
   // tail. Only the wide kernel (256 threads) with 8-slot windows at head_dim 128 measured
   // slower with it, before or after the wait, so such kernels do not prefetch.
   constexpr bool PREFETCH = !(THREADS >= 256 && COFF * RATIO >= 8 && HEAD_DIM < 256);
-  if (PREFETCH && has_row) prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, row, col);
+  // SBHD locates the row once, here (its guess is the window).
+  const RowWindow located = L::kGuessIsExact && has_row ? L::locate(p, row) : RowWindow{};
+  if (PREFETCH && has_row) {
+    prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, L::kGuessIsExact ? located : L::guess(p, row),
+                                                   col);
+  }
   pdl_enter();
   // A cooperative epilogue (the tail) needs every thread of the CTA, threads without a row too.
   using Store = typename IO::Store;
@@ -130,7 +134,7 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS)
 #pragma unroll
   for (int v = 0; v < VEC; ++v) acc[v] = 0.0f;
   if (has_row) {
-    const RowWindow w = L::locate(p, row);
+    const RowWindow w = L::kGuessIsExact ? located : L::locate(p, row);
     Store::template stage_operands<VEC, HEAD_DIM, THREADS>(p, col, w.block,
                                                            static_cast<int>(threadIdx.x));
     const bool use_prev = COFF == 2 && !w.first;
@@ -344,7 +348,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       // needs no offsets, go out first (every thread its own sectors: faster than one thread
       // per 128-byte line). Before the programmatic wait, as the forward does, it measured
       // slower here.
-      prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, row, col);
+      prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, L::guess(p, row), col);
       float g[VEC];
       load_vec<E, VEC>(IO::in(p.grad_out) + row * gout_stride + col, g);
       const RowWindow w = L::locate(p, row);
