@@ -297,14 +297,19 @@ TEST(NvrtcCompile, RegisterFittingClimbsWhereThePinnedBudgetSpills) {
 }
 
 // A kernel at a named residency that still uses local memory takes another form where that
-// uses less: the sm_90 fp16 SBHD resident atomic backward (windows of 8 slots at three CTAs;
-// the default form keeps a value across its rows in local memory, the zeros-first form needs
-// none). The module's kernels without local memory keep their default form.
+// uses less: the sm_90 fp16 THD tail with a bf16 weight, half-split pairs and the Hadamard
+// transform (4,2,128), whose resident backwards (windows of 8 slots at three CTAs) keep values
+// across their rows in local memory in the default form; the fixed-order one needs none in the
+// zeros-first form, the atomic one in the lean form. The module's other kernels keep theirs.
 TEST(NvrtcCompile, RegisterFittingTakesAnotherFormWhereItUsesLess) {
-  Config c{4, 512, 2};
+  Config c{4, 128, 2};
   c.dtype = DType::kF16;
-  c.layout = Layout::kSbhd;
-  const auto spec = short_window_module(c, "sm_90", csa_kernel::kLayoutSbhd);
+  c.tail.norm = true;
+  c.tail.norm_weight_dtype = DType::kBf16;
+  c.tail.rope_dim = 64;
+  c.tail.rope_interleaved = false;
+  c.tail.hadamard = true;
+  const auto spec = short_window_module(c, "sm_90");
   nvrtc::Compiler compiler(compressor::kernel_headers());
   const nvrtc::CompileResult plain = compiler.compile(spec.request);
   const auto plain_report = nvrtc::parse_ptxas_report(plain.log);
@@ -317,15 +322,21 @@ TEST(NvrtcCompile, RegisterFittingTakesAnotherFormWhereItUsesLess) {
     ADD_FAILURE() << name << " not in the report";
     return -1;
   };
+  const auto fixed = static_cast<std::size_t>(spec.slots.short_window.backward_fixed_resident);
   const auto atomic = static_cast<std::size_t>(spec.slots.short_window.backward_atomic_resident);
+  ASSERT_LT(fixed, plain.lowered_names.size());
   ASSERT_LT(atomic, plain.lowered_names.size());
-  EXPECT_GT(local_bytes(plain_report, plain.lowered_names[atomic]), 0) << plain.log;
-  EXPECT_NE(fitted.lowered_names[atomic].find("ELi3ELi1EEEv"), std::string::npos)
-      << fitted.lowered_names[atomic];
   ASSERT_EQ(fitted.lowered_names.size(), plain.lowered_names.size());
+  const std::pair<std::size_t, const char*> moved[] = {{fixed, "ELi3ELi1EEEv"},
+                                                       {atomic, "ELi3ELi2EEEv"}};
+  for (const auto& [slot, ending] : moved) {
+    EXPECT_GT(local_bytes(plain_report, plain.lowered_names[slot]), 0) << plain.log;
+    EXPECT_NE(fitted.lowered_names[slot].find(ending), std::string::npos)
+        << fitted.lowered_names[slot];
+  }
   for (std::size_t i = 0; i < fitted.lowered_names.size(); ++i) {
     EXPECT_EQ(local_bytes(fitted_report, fitted.lowered_names[i]), 0) << fitted.lowered_names[i];
-    if (i != atomic) {
+    if (i != fixed && i != atomic) {
       EXPECT_EQ(fitted.lowered_names[i], plain.lowered_names[i]);
     }
   }
