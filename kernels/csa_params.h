@@ -65,7 +65,8 @@ enum ShortWindowBackwardForm : int {
   kBackwardFormDefault = 0,
   kBackwardFormZerosFirst = 1,  // the zeros no pooled row owns written before the rows
   kBackwardFormLean = 2,        // that, and nothing else held across the rows it can re-derive
-  kShortWindowBackwardForms = 3,
+  kBackwardFormLeanColumn = 3,  // lean, and each row's column taken from the special registers
+  kShortWindowBackwardForms = 4,
 };
 
 // The long-window family's tail runs once a row is complete, over a CTA of `threads` threads

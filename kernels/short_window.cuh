@@ -254,7 +254,8 @@ __device__ __forceinline__ void zero_grad_ape_block(const BackwardParams& p, int
 // memory. The same bytes out, with fewer values live across the row loop: from the zeros-first
 // form on, the zeros no row owns are written before the rows; in the lean form also the claim
 // word's value waits in shared memory, and each row takes its thread index from the special
-// registers and its buffer parity from the lane's iteration count.
+// registers and its buffer parity from the lane's iteration count; in the lean-column form
+// also its column.
 template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, bool FIXED_ORDER,
           int MIN_CTAS, int FORM>
 __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
@@ -263,6 +264,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   static_assert(FORM >= kBackwardFormDefault && FORM < kShortWindowBackwardForms, "a form");
   constexpr bool ZEROS_FIRST = FORM >= kBackwardFormZerosFirst;
   constexpr bool LEAN = FORM >= kBackwardFormLean;
+  constexpr bool ROW_COLUMN = FORM >= kBackwardFormLeanColumn;
   using E = typename IO::E;
   using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   constexpr int W = COFF * HEAD_DIM;
@@ -354,15 +356,16 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       const RowWindow w = L::locate(p, row);
       if (w.padding) continue;  // the whole row's threads alike
       const int row_tid = LEAN ? reread_thread_linear(TX) : tid;
-      Tail::template stage_operands<VEC, HEAD_DIM, TX * TY>(p, col, w.block, row_tid);
+      const int row_col = ROW_COLUMN ? reread_block_thread_x(TX) * VEC : col;
+      Tail::template stage_operands<VEC, HEAD_DIM, TX * TY>(p, row_col, w.block, row_tid);
       const bool use_prev = COFF == 2 && !w.first;
       float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
       float own_e[RATIO][VEC], own_kv[RATIO][VEC];
       load_window<IO, RATIO, COFF, HEAD_DIM, VEC, NPREV>(
-          IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + col, sr.step, kr.at(w.t0) + col,
-          kr.step, col, use_prev, prev_e, prev_kv, own_e, own_kv);
-      const long long gkb = gk_rows.at(w.t0) + col;
-      const long long gsb = gs_rows.at(w.t0) + col;
+          IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + row_col, sr.step,
+          kr.at(w.t0) + row_col, kr.step, row_col, use_prev, prev_e, prev_kv, own_e, own_kv);
+      const long long gkb = gk_rows.at(w.t0) + row_col;
+      const long long gsb = gs_rows.at(w.t0) + row_col;
       // p_k replaces s_k in place.
       softmax_weights<NPREV, RATIO, VEC>(prev_e, own_e, use_prev);
       if constexpr (TAIL) {
@@ -386,7 +389,8 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
         // alternation, since padding rows (skipped) are the last rows of the pack.
         const int row_parity =
             LEAN ? ((row - static_cast<int>(blockIdx.y) * p.rows_per_cta) / TY) & 1 : parity;
-        Tail::template backward_row<VEC, HEAD_DIM, TX * TY>(p, col, row_tid, row_parity, x, g, dw);
+        Tail::template backward_row<VEC, HEAD_DIM, TX * TY>(p, row_col, row_tid, row_parity, x, g,
+                                                            dw);
         parity ^= 1;
       }
 
