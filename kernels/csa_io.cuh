@@ -204,13 +204,14 @@ struct Layout {
   }
 
   // The window of output row `row` (SBHD rows are (block, column) in row-major order: row
-  // i * B + b is block i of column b).
-  template <class P>
+  // i * B + b is block i of column b). SBHD splits the row with the host's RowDivisor, or with
+  // an integer division where !BY_DIVISOR (the plain short-window backward: docs/design.md).
+  template <bool BY_DIVISOR = true, class P>
   static __device__ __forceinline__ RowWindow locate(const P& p, int row) {
     if constexpr (kSbhd) {
       const int batch = p.num_segments > 0 ? p.num_segments : 1;
-      const int i = divide_row(row, p.batch_divisor);
-      const int b = row - i * batch;
+      const int i = BY_DIVISOR ? divide_row(row, p.batch_divisor) : row / batch;
+      const int b = BY_DIVISOR ? row - i * batch : row % batch;
       const int blocks = p.seq_len / RATIO;
       RowWindow w;
       w.padding = i >= blocks;  // never: the host checks total_comp == blocks * B
@@ -228,10 +229,10 @@ struct Layout {
   // Where row's window most likely is, with no dependent load (the prefetches' guess). In SBHD
   // the guess is the window (the short-window forward locates its row once, before the prefetch).
   static constexpr bool kGuessIsExact = kSbhd;
-  template <class P>
+  template <bool BY_DIVISOR = true, class P>
   static __device__ __forceinline__ RowWindow guess(const P& p, int row) {
     if constexpr (kSbhd) {
-      return locate(p, row);
+      return locate<BY_DIVISOR>(p, row);
     } else {
       return guessed_row_window<RATIO>(row, p.total_tokens);
     }

@@ -349,11 +349,12 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       // window's prefetch (every thread: its own sectors) and grad_out's load, whose address
       // needs no offsets, go out first (every thread its own sectors: faster than one thread
       // per 128-byte line). Before the programmatic wait, as the forward does, it measured
-      // slower here.
-      prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, L::guess(p, row), col);
+      // slower here. SBHD rows: the tails split them with the batch divisor, the plain kernels
+      // with the division, which measured faster there (docs/design.md).
+      prefetch_row_window<IO, RATIO, COFF, HEAD_DIM>(p, L::template guess<TAIL>(p, row), col);
       float g[VEC];
       load_vec<E, VEC>(IO::in(p.grad_out) + row * gout_stride + col, g);
-      const RowWindow w = L::locate(p, row);
+      const RowWindow w = L::template locate<TAIL>(p, row);
       if (w.padding) continue;  // the whole row's threads alike
       const int row_tid = LEAN ? reread_thread_linear(TX) : tid;
       const int row_col = ROW_COLUMN ? reread_block_thread_x(TX) * VEC : col;
