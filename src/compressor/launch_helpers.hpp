@@ -56,7 +56,9 @@ void fill_inputs(Params& params, const Args& a) {
   params.kv_stride = row_stride(a.kv_stride, width);
   params.score_stride = row_stride(a.score_stride, width);
   params.seq_len = static_cast<csa_i32>(a.seq_len);
-  params.batch_divisor = csa_kernel::row_divisor(std::max<csa_i32>(a.num_segments, 1));
+  // Only SBHD kernels split rows by B (validated >= 1); THD calls skip the divisor's work.
+  if (a.config.layout == Layout::kSbhd)
+    params.batch_divisor = csa_kernel::row_divisor(std::max<csa_i32>(a.num_segments, 1));
 }
 
 // The tail epilogue's tensors (validated: set exactly as config.tail names its stages).
