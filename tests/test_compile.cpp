@@ -342,6 +342,48 @@ TEST(NvrtcCompile, RegisterFittingTakesAnotherFormWhereItUsesLess) {
   }
 }
 
+// A residency the schedule named gives way last, where it still uses local memory in every
+// form: the sm_80 fp16 SBHD tail at head_dim 512 (norm + RoPE 64), whose resident backwards
+// (three CTAs of 256 threads, 80 registers) spill in each form, takes them at two CTAs in the
+// default form with none; its fp16 wide forward keeps its three CTAs (it needs none there).
+TEST(NvrtcCompile, RegisterFittingGivesANamedResidencyWayLast) {
+  Config c{4, 512, 2};
+  c.dtype = DType::kF16;
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  const auto spec = short_window_module(c, "sm_80", csa_kernel::kLayoutSbhd);
+  nvrtc::Compiler compiler(compressor::kernel_headers());
+  const nvrtc::CompileResult plain = compiler.compile(spec.request);
+  const auto plain_report = nvrtc::parse_ptxas_report(plain.log);
+  const auto fitted = compressor::compile_fitted(compiler, spec.request, spec.residency);
+  const auto fitted_report = nvrtc::parse_ptxas_report(fitted.log);
+  auto local_bytes = [](const std::vector<nvrtc::KernelResources>& report,
+                        const std::string& name) {
+    for (const auto& k : report)
+      if (k.name == name) return k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes;
+    ADD_FAILURE() << name << " not in the report";
+    return -1;
+  };
+  const auto& slots = spec.slots.short_window;
+  ASSERT_EQ(fitted.lowered_names.size(), plain.lowered_names.size());
+  int gave_way = 0;
+  for (const int slot : {slots.backward_fixed_resident, slots.backward_atomic_resident}) {
+    if (slot < 0) continue;
+    const auto i = static_cast<std::size_t>(slot);
+    ASSERT_LT(i, plain.lowered_names.size());
+    if (local_bytes(plain_report, plain.lowered_names[i]) == 0) continue;
+    EXPECT_NE(fitted.lowered_names[i].find("ELi2ELi0EEEv"), std::string::npos)
+        << fitted.lowered_names[i];
+    ++gave_way;
+  }
+  EXPECT_GE(gave_way, 1) << plain.log;
+  ASSERT_GE(slots.forward_wide, 0);
+  const auto wide = static_cast<std::size_t>(slots.forward_wide);
+  EXPECT_EQ(fitted.lowered_names[wide], plain.lowered_names[wide]);
+  for (const auto& name : fitted.lowered_names)
+    EXPECT_EQ(local_bytes(fitted_report, name), 0) << name;
+}
+
 TEST(NvrtcCompile, ReferenceFamilyCompiles) {
   RuntimeOptions o;
   o.disk_cache = false;

@@ -196,6 +196,35 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
       compile_and_keep(std::move(*formed), best_ctas);
     }
   }
+  // A residency the schedule named gives way last, only where every form still uses local
+  // memory there: one CTA fewer at a time (a larger register budget), each rung in the default
+  // form and then the others while some remains, down to one CTA or none used.
+  std::vector<int> give_way(slots, 0);
+  for (std::size_t i = 0; i < slots; ++i) {
+    const auto& r = residency[i];
+    if (r && r->min_ctas > 1 && best_ctas[i] == r->min_ctas && best_bytes[i] > 0)
+      give_way[i] = r->min_ctas - 1;
+  }
+  while (std::any_of(give_way.begin(), give_way.end(), [](int ctas) { return ctas > 0; })) {
+    for (int form = 0; form < forms; ++form) {
+      std::vector<std::string> names = best;
+      std::vector<int> ctas = best_ctas;
+      bool any = false;
+      for (std::size_t i = 0; i < slots; ++i) {
+        const auto& r = residency[i];
+        if (give_way[i] <= 0 || form >= r->forms || best_bytes[i] <= 0) continue;
+        names[i] = expression_at(*r, give_way[i], form);
+        ctas[i] = give_way[i];
+        any = true;
+      }
+      if (!any) break;
+      compile_and_keep(std::move(names), ctas);
+    }
+    for (std::size_t i = 0; i < slots; ++i) {
+      int& next = give_way[i];
+      if (next > 0) next = best_bytes[i] > 0 && next > 1 ? next - 1 : 0;
+    }
+  }
   if (!last) return first;
   // The module of each kernel's best name: the last compile or the first where it is one, else
   // one more.

@@ -6,11 +6,13 @@
 // still uses some, the next rungs pin one CTA fewer each (a larger budget), down to one CTA,
 // at most kMaxRungs compiles; each kernel keeps the rung with the least local memory (its
 // first compile on a tie). A residency the schedule names (measured against the default
-// kernel, spills and all) stays. A kernel with other forms (an int after its residency: the
+// kernel) stays through the rungs. A kernel with other forms (an int after its residency: the
 // same result, keeping fewer values live across its main loop) that still uses local memory
 // after that is compiled once more in each, in order, at the residency it kept, while some
-// remains, and keeps the form with the least (the earlier on a tie). Modules without local
-// memory compile once and are unchanged.
+// remains, and keeps the form with the least (the earlier on a tie). Last, a named residency
+// that still uses local memory in every form gives way: one CTA fewer at a time, each rung in
+// the default form and then the others while some remains, kept where it uses less. Modules
+// without local memory compile once and are unchanged.
 // The decisions are a function of the module's compiles, so its cache key decides its cubin.
 #pragma once
 
@@ -36,7 +38,7 @@ struct Residency {
 using ResidencyTable = std::vector<std::optional<Residency>>;
 
 // Bump when the rule changes: it is part of every module's cache key.
-inline constexpr int kRegisterFitVersion = 5;
+inline constexpr int kRegisterFitVersion = 6;
 
 // Compiles after the first at most: pinned at the residency the registers give, then two more
 // rungs (a 128-register kernel at ptxas's choice reaches one CTA, a 48-register one four).
