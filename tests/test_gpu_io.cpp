@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "gpu_fixture.hpp"
@@ -62,21 +63,32 @@ void prewarm_all() {
     }
     std::atomic<std::size_t> next{0};
     std::vector<std::thread> pool;
+    // NOTE: an error escaping a worker would end the process; the first one is rethrown here,
+    // after every worker stopped (a schedule override a case's shape cannot take, say).
+    std::mutex mutex;
+    std::exception_ptr error;
     const unsigned n = std::max(1u, std::thread::hardware_concurrency());
     for (unsigned i = 0; i < n; ++i) {
       pool.emplace_back([&] {
-        device::make_current(0);
-        for (std::size_t k; (k = next++) < configs.size();) {
-          g_runtime->prewarm(configs[k], 0);
-          if (configs[k].layout == Layout::kThd) {  // the reference family of the type
-            Config reference = configs[k];
-            reference.strided = false;
-            g_runtime->prewarm(reference, 0, Family::kReference);
+        try {
+          device::make_current(0);
+          for (std::size_t k; (k = next++) < configs.size();) {
+            g_runtime->prewarm(configs[k], 0);
+            if (configs[k].layout == Layout::kThd) {  // the reference family of the type
+              Config reference = configs[k];
+              reference.strided = false;
+              g_runtime->prewarm(reference, 0, Family::kReference);
+            }
           }
+        } catch (...) {
+          next = configs.size();
+          const std::lock_guard<std::mutex> lock(mutex);
+          if (!error) error = std::current_exception();
         }
       });
     }
     for (auto& t : pool) t.join();
+    if (error) std::rethrow_exception(error);
   });
 }
 
