@@ -36,6 +36,36 @@ TEST(ShortWindowSchedule, TailBackwardHoldsWholeRowsAndFoldsRowLanesBeforeAtomic
   EXPECT_EQ(schedule::select_short_window(c, std::string("ty=2")).backward_ty, 2);
 }
 
+// A tail row that fills the CTA (head_dim 512, 2 columns a thread) takes 4 columns a thread
+// where that gives two row lanes within the shared memory (windows of up to 6 slots): grad_ape
+// and grad_w folded in the CTA, then atomics in one launch. Named bv or ty keep theirs.
+TEST(ShortWindowSchedule, TailBackwardWidensItsVectorForTwoRowLanesWhereTheyFit) {
+  for (const Config shape : {Config{2, 512, 2}, Config{3, 512, 2}, Config{4, 512, 1}}) {
+    Config c = shape;
+    c.tail.norm = true;
+    c.tail.rope_dim = 64;
+    const auto s = schedule::select_short_window(c);
+    SCOPED_TRACE(s.describe());
+    EXPECT_EQ(s.backward_vec, 4);
+    EXPECT_EQ(s.backward_tx, 128);
+    EXPECT_EQ(s.backward_ty, 2);
+    EXPECT_TRUE(compressor::short_window_grad_ape(s).atomic);
+    EXPECT_EQ(schedule::select_short_window(c, std::string("bv=2")).backward_ty, 1);
+    const auto one_lane = schedule::select_short_window(c, std::string("ty=1"));
+    EXPECT_EQ(one_lane.backward_vec, 2);
+    EXPECT_EQ(one_lane.backward_ty, 1);
+  }
+  // Windows of 7 slots and more: two lanes' folds exceed 48 KB, one row lane a CTA stays.
+  for (const Config shape : {Config{4, 512, 2}, Config{8, 512, 1}}) {
+    Config c = shape;
+    c.tail.norm = true;
+    const auto s = schedule::select_short_window(c);
+    EXPECT_EQ(s.backward_vec, 2) << s.describe();
+    EXPECT_EQ(s.backward_ty, 1) << s.describe();
+    EXPECT_FALSE(compressor::short_window_grad_ape(s).atomic);
+  }
+}
+
 TEST(ShortWindowSchedule, VectorisesEvenHeadDimsOnly) {
   EXPECT_EQ(schedule::select_short_window({4, 65, 2}).forward_vec, 1);
   EXPECT_EQ(schedule::select_short_window({4, 65, 2}).backward_vec, 1);
@@ -53,7 +83,7 @@ TEST(ShortWindowSchedule, ReductionLanesFollowTheMeasuredRuleAndCanBeOverridden)
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("rl=3")), Error);
   EXPECT_THROW(schedule::select_short_window({4, 128, 2}, std::string("rl=64")), Error);
   // The tail's fixed order at one row lane a CTA reads one partial per CTA: 32 lanes.
-  Config tail{2, 512, 2};
+  Config tail{4, 512, 2};
   tail.tail.norm = true;
   EXPECT_EQ(schedule::select_short_window(tail).reduce_lanes, 32);
   EXPECT_EQ(schedule::select_short_window(tail, std::string("rl=8")).reduce_lanes, 8);

@@ -117,9 +117,6 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& n
   s.backward_vec = tail_vec(s.backward_vec, c.head_dim);
   if (s.backward_vec == 0)
     fail(Status::kUnsupported, "no tail kernel serves head_dim {}", c.head_dim);
-  s.backward_tx = c.head_dim / s.backward_vec;
-  s.backward_ty = std::clamp(named_ty ? s.backward_ty : 256 / s.backward_tx, 1,
-                             std::min(8, 1024 / s.backward_tx));
   // Static shared memory per CTA (48 KB): with row lanes, the grad_ape and grad_w folds
   // (lanes x (window slots + 1) rows of head_dim floats), and the rows' exchange and operand
   // slots (4 floats a column a lane).
@@ -127,14 +124,33 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& n
     const std::int64_t row = std::int64_t{4} * c.head_dim * ty;
     return (ty > 1 ? row * (c.coff * c.ratio + 1) : 0) + 4 * row + 1024;
   };
-  while (s.backward_ty > 1 && shared_bytes(s.backward_ty) > std::int64_t{48} * 1024) {
-    if (named_ty) {
-      fail(Status::kInvalidArgument,
-           "schedule override: ty={} row lanes of the tail's backward need {} bytes of shared "
-           "memory at ratio {}, coff {}, head_dim {} (at most 49152)",
-           s.backward_ty, shared_bytes(s.backward_ty), c.ratio, c.coff, c.head_dim);
+  // The row lanes of rows of `tx` threads: at most 8, 256 threads and the shared memory.
+  const auto lanes = [&](int tx) {
+    int ty = std::clamp(named_ty ? s.backward_ty : 256 / tx, 1, std::min(8, 1024 / tx));
+    while (ty > 1 && shared_bytes(ty) > std::int64_t{48} * 1024) {
+      if (named_ty) {
+        fail(Status::kInvalidArgument,
+             "schedule override: ty={} row lanes of the tail's backward need {} bytes of shared "
+             "memory at ratio {}, coff {}, head_dim {} (at most 49152)",
+             ty, shared_bytes(ty), c.ratio, c.coff, c.head_dim);
+      }
+      ty /= 2;
     }
-    s.backward_ty /= 2;
+    return ty;
+  };
+  s.backward_tx = c.head_dim / s.backward_vec;
+  s.backward_ty = lanes(s.backward_tx);
+  // A row that fills the CTA (head_dim 512 at 2 columns a thread) takes twice the columns a
+  // thread where that gives two row lanes: they fold grad_ape and grad_w in the CTA before one
+  // launch adds them, where one row a CTA takes the fixed order's second launch (measured
+  // faster in every type and layout, docs/performance.md). Windows of up to 6 slots fit.
+  if (s.backward_ty == 1 && !named("bv=")) {
+    const int wider = tail_vec(2 * s.backward_vec, c.head_dim);
+    if (wider == 2 * s.backward_vec && lanes(c.head_dim / wider) > 1) {
+      s.backward_vec = wider;
+      s.backward_tx = c.head_dim / wider;
+      s.backward_ty = lanes(s.backward_tx);
+    }
   }
   if (!named("bmin=")) s.backward_min_ctas = 0;
   // The resident kernel (the rule's windows of 5..8 slots, CTAs of at most 256 threads): from
