@@ -240,9 +240,6 @@ TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
   }
 }
 
-// Register fitting on a real module: at ptxas's own choice the sm_80 2,2,128 bf16 fixed-order
-// backward takes 48 registers and spills; compiled again with the five CTAs per SM those
-// allow named, it uses no local memory, and the module's other kernels keep their names.
 // The short-window module of `c` for `arch` (THD-packed unless named), as the library
 // specifies it.
 compressor::ModuleSpec short_window_module(const Config& c, const std::string& arch,
@@ -252,6 +249,17 @@ compressor::ModuleSpec short_window_module(const Config& c, const std::string& a
                                       compressor::CompileOptions{});
 }
 
+// The local memory (spill traffic and stack) of kernel `name` in `report`; -1 where absent.
+int kernel_local_bytes(const std::vector<nvrtc::KernelResources>& report, const std::string& name) {
+  for (const auto& k : report)
+    if (k.name == name) return k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes;
+  ADD_FAILURE() << name << " not in the report";
+  return -1;
+}
+
+// Register fitting on a real module: at ptxas's own choice the sm_80 2,2,128 bf16 fixed-order
+// backward takes 48 registers and spills; compiled again with the five CTAs per SM those
+// allow named, it uses no local memory, and the module's other kernels keep their names.
 TEST(NvrtcCompile, RegisterFittingPinsWhatPtxasSpilled) {
   const auto spec = short_window_module(Config{2, 128, 2}, "sm_80");
   ASSERT_FALSE(spec.residency.empty());
@@ -315,13 +323,6 @@ TEST(NvrtcCompile, RegisterFittingTakesAnotherFormWhereItUsesLess) {
   const auto plain_report = nvrtc::parse_ptxas_report(plain.log);
   const auto fitted = compressor::compile_fitted(compiler, spec.request, spec.residency);
   const auto fitted_report = nvrtc::parse_ptxas_report(fitted.log);
-  auto local_bytes = [](const std::vector<nvrtc::KernelResources>& report,
-                        const std::string& name) {
-    for (const auto& k : report)
-      if (k.name == name) return k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes;
-    ADD_FAILURE() << name << " not in the report";
-    return -1;
-  };
   const auto fixed = static_cast<std::size_t>(spec.slots.short_window.backward_fixed_resident);
   const auto atomic = static_cast<std::size_t>(spec.slots.short_window.backward_atomic_resident);
   ASSERT_LT(fixed, plain.lowered_names.size());
@@ -330,12 +331,13 @@ TEST(NvrtcCompile, RegisterFittingTakesAnotherFormWhereItUsesLess) {
   const std::pair<std::size_t, const char*> moved[] = {{fixed, "ELi3ELi1EEEv"},
                                                        {atomic, "ELi3ELi2EEEv"}};
   for (const auto& [slot, ending] : moved) {
-    EXPECT_GT(local_bytes(plain_report, plain.lowered_names[slot]), 0) << plain.log;
+    EXPECT_GT(kernel_local_bytes(plain_report, plain.lowered_names[slot]), 0) << plain.log;
     EXPECT_NE(fitted.lowered_names[slot].find(ending), std::string::npos)
         << fitted.lowered_names[slot];
   }
   for (std::size_t i = 0; i < fitted.lowered_names.size(); ++i) {
-    EXPECT_EQ(local_bytes(fitted_report, fitted.lowered_names[i]), 0) << fitted.lowered_names[i];
+    EXPECT_EQ(kernel_local_bytes(fitted_report, fitted.lowered_names[i]), 0)
+        << fitted.lowered_names[i];
     if (i != fixed && i != atomic) {
       EXPECT_EQ(fitted.lowered_names[i], plain.lowered_names[i]);
     }
@@ -357,13 +359,6 @@ TEST(NvrtcCompile, RegisterFittingGivesANamedResidencyWayLast) {
   const auto plain_report = nvrtc::parse_ptxas_report(plain.log);
   const auto fitted = compressor::compile_fitted(compiler, spec.request, spec.residency);
   const auto fitted_report = nvrtc::parse_ptxas_report(fitted.log);
-  auto local_bytes = [](const std::vector<nvrtc::KernelResources>& report,
-                        const std::string& name) {
-    for (const auto& k : report)
-      if (k.name == name) return k.spill_store_bytes + k.spill_load_bytes + k.stack_bytes;
-    ADD_FAILURE() << name << " not in the report";
-    return -1;
-  };
   const auto& slots = spec.slots.short_window;
   ASSERT_EQ(fitted.lowered_names.size(), plain.lowered_names.size());
   int gave_way = 0;
@@ -371,7 +366,7 @@ TEST(NvrtcCompile, RegisterFittingGivesANamedResidencyWayLast) {
     if (slot < 0) continue;
     const auto i = static_cast<std::size_t>(slot);
     ASSERT_LT(i, plain.lowered_names.size());
-    if (local_bytes(plain_report, plain.lowered_names[i]) == 0) continue;
+    if (kernel_local_bytes(plain_report, plain.lowered_names[i]) == 0) continue;
     EXPECT_NE(fitted.lowered_names[i].find("ELi2ELi0EEEv"), std::string::npos)
         << fitted.lowered_names[i];
     ++gave_way;
@@ -381,7 +376,7 @@ TEST(NvrtcCompile, RegisterFittingGivesANamedResidencyWayLast) {
   const auto wide = static_cast<std::size_t>(slots.forward_wide);
   EXPECT_EQ(fitted.lowered_names[wide], plain.lowered_names[wide]);
   for (const auto& name : fitted.lowered_names)
-    EXPECT_EQ(local_bytes(fitted_report, name), 0) << name;
+    EXPECT_EQ(kernel_local_bytes(fitted_report, name), 0) << name;
 }
 
 TEST(NvrtcCompile, ReferenceFamilyCompiles) {
