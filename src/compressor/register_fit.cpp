@@ -172,20 +172,29 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
     last_names = std::move(names);
   };
 
+  // The next rung of each slot in `rung` (> 0) that still uses local memory: one CTA fewer,
+  // none below one. NOTE: a rung that spills more than the one above does not stop the climb:
+  // ptxas's allocation is not monotonic in the budget (a 64-register kernel that spills at four
+  // CTAs named may need none at three).
+  auto one_cta_fewer = [&](std::vector<int>& rung) {
+    for (std::size_t i = 0; i < slots; ++i) {
+      int& next = rung[i];
+      if (next > 0) next = best_bytes[i] > 0 && next > 1 ? next - 1 : 0;
+    }
+  };
+  // Each slot's residency: `rung`'s where it names one (> 0), else its best so far.
+  auto rung_ctas = [&](const std::vector<int>& rung) {
+    std::vector<int> ctas = best_ctas;
+    for (std::size_t i = 0; i < slots; ++i)
+      if (rung[i] > 0) ctas[i] = rung[i];
+    return ctas;
+  };
+
   if (auto pinned = first_rung(residency, first.lowered_names, first_report, request.arch)) {
     for (int rung = 0; rung < kMaxRungs; ++rung) {
       if (std::none_of(pinned->begin(), pinned->end(), [](int ctas) { return ctas > 0; })) break;
-      std::vector<int> ctas = best_ctas;
-      for (std::size_t i = 0; i < slots; ++i)
-        if ((*pinned)[i] > 0) ctas[i] = (*pinned)[i];
-      compile_and_keep(rung_names(best, residency, *pinned), ctas);
-      // NOTE: a rung that spills more than the one above does not stop the climb: ptxas's
-      // allocation is not monotonic in the budget (a 64-register kernel that spills at four
-      // CTAs named may need none at three).
-      for (std::size_t i = 0; i < slots; ++i) {
-        int& next = (*pinned)[i];
-        if (next > 0) next = best_bytes[i] > 0 && next > 1 ? next - 1 : 0;
-      }
+      compile_and_keep(rung_names(best, residency, *pinned), rung_ctas(*pinned));
+      one_cta_fewer(*pinned);
     }
   }
   int forms = 1;
@@ -206,24 +215,16 @@ nvrtc::CompileResult compile_fitted(const nvrtc::Compiler& compiler,
       give_way[i] = r->min_ctas - 1;
   }
   while (std::any_of(give_way.begin(), give_way.end(), [](int ctas) { return ctas > 0; })) {
-    for (int form = 0; form < forms; ++form) {
-      std::vector<std::string> names = best;
-      std::vector<int> ctas = best_ctas;
-      bool any = false;
-      for (std::size_t i = 0; i < slots; ++i) {
-        const auto& r = residency[i];
-        if (give_way[i] <= 0 || form >= r->forms || best_bytes[i] <= 0) continue;
-        names[i] = expression_at(*r, give_way[i], form);
-        ctas[i] = give_way[i];
-        any = true;
-      }
-      if (!any) break;
-      compile_and_keep(std::move(names), ctas);
+    const std::vector<int> ctas = rung_ctas(give_way);
+    compile_and_keep(rung_names(best, residency, give_way), ctas);
+    for (int form = 1; form < forms; ++form) {
+      std::vector<long long> left(slots, 0);  // local memory of the slots giving way
+      for (std::size_t i = 0; i < slots; ++i)
+        if (give_way[i] > 0) left[i] = best_bytes[i];
+      if (auto formed = form_names(best, residency, ctas, left, form))
+        compile_and_keep(std::move(*formed), ctas);
     }
-    for (std::size_t i = 0; i < slots; ++i) {
-      int& next = give_way[i];
-      if (next > 0) next = best_bytes[i] > 0 && next > 1 ? next - 1 : 0;
-    }
+    one_cta_fewer(give_way);
   }
   if (!last) return first;
   // The module of each kernel's best name: the last compile or the first where it is one, else
