@@ -145,11 +145,12 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& n
   // launch adds them, where one row a CTA takes the fixed order's second launch (measured
   // faster in every type and layout, docs/performance.md). Windows of up to 6 slots fit.
   if (s.backward_ty == 1 && !named("bv=")) {
-    const int wider = tail_vec(2 * s.backward_vec, c.head_dim);
-    if (wider == 2 * s.backward_vec && lanes(c.head_dim / wider) > 1) {
+    const int wider = 2 * s.backward_vec;
+    const int wide_lanes = tail_vec(wider, c.head_dim) == wider ? lanes(c.head_dim / wider) : 1;
+    if (wide_lanes > 1) {
       s.backward_vec = wider;
       s.backward_tx = c.head_dim / wider;
-      s.backward_ty = lanes(s.backward_tx);
+      s.backward_ty = wide_lanes;
     }
   }
   if (!named("bmin=")) s.backward_min_ctas = 0;
