@@ -25,6 +25,21 @@ namespace csa_kernel {
 // grad_ape reduction): their CTAs are all resident, so the next kernel's waiting CTAs take no
 // place they need, and reach their own wait a kernel earlier. Every kernel doing it slowed the
 // forwards: their prefetches before the wait then met the next call's.
+// The two halves of pdl_enter for a kernel whose predecessor lets it in only after that
+// predecessor's own wait (pdl_enter(false)): everything before that one is then complete, so
+// this kernel may read its inputs and write its outputs before pdl_wait, which only the
+// predecessor's results need (the tail backward's row-stats form after tail_row_stats).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void pdl_enter(bool dependents_first = false) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (dependents_first) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

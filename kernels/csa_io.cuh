@@ -265,7 +265,10 @@ struct Layout {
 // thread of the CTA calls its store_row, threads without a row included.
 struct IdentityEpilogue {
   static constexpr bool kCooperative = false;
+  static constexpr bool kRowStats = false;
   static constexpr bool kNorm = false;
+  template <int VEC>
+  struct Operands {};  // none
   // VEC columns of one pooled row, fp32, to `dst` (row `row`, first column `col`).
   template <class E, int VEC>
   static __device__ __forceinline__ void store(typename E::T* dst, int /*row*/, int /*col*/,

@@ -35,6 +35,10 @@ enum TailBits : int {
   kTailNormWeightF32 = 4,  // else bf16
   kTailRopeInterleaved = 8,
   kTailHadamard = 16,
+  // The backward's row-stats form: the norm's two row scalars come from a first kernel over the
+  // forward's pooled rows (tail_row_stats), so the backward's CTAs hold column blocks of rows
+  // as the plain kernel's do. Never with the Hadamard transform (its gradient couples the row).
+  kTailRowStats = 32,
   kTailRopeShift = 8,
 };
 
@@ -47,6 +51,13 @@ CSA_SHARED_FN int tail_epilogue(bool norm, bool weight_f32, int rope_dim, bool i
 CSA_SHARED_FN int tail_rope_dim(int code) {
   return code >> kTailRopeShift;
 }
+// The row-stats form of a tail code (kTailRowStats).
+CSA_SHARED_FN int tail_row_stats_code(int code) {
+  return code | kTailRowStats;
+}
+// The row scalars tail_row_stats writes per pooled row: rstd, then the norm's coefficient
+// rstd³ · Σ_j (w_j · g_j) · x_j / head_dim of the row's gradient g (after RoPE's transpose).
+constexpr int kTailRowStatsFloats = 2;
 
 // Threads holding one row in a tail kernel (every column of a row in one CTA): a power of two
 // up to a warp (xor shuffles stay in the row) or whole warps, at most 256 (the tail's shared
@@ -200,7 +211,9 @@ struct BackwardParams {
   const float* rope_cos;
   const float* rope_sin;
   float* grad_w;        // the norm weight's gradient: the atomic form zeroes and adds into it
-  const float* pooled;  // the long-window family's tail: the forward's pooled rows (fp32)
+  const float* pooled;  // the tail's pooled rows (fp32): long-window family, row-stats form
+  // The row-stats form: kTailRowStatsFloats per pooled row, written by tail_row_stats.
+  float* row_stats;
   float eps;
   csa_i32 rope_max_blocks;
 };
@@ -230,7 +243,7 @@ struct OffsetCheckParams {
 
 static_assert(sizeof(RowDivisor) == 2 * 4, "RowDivisor layout");
 static_assert(sizeof(ForwardParams) == 12 * 8 + 12 * 4, "ForwardParams layout");
-static_assert(sizeof(BackwardParams) == 15 * 8 + 16 * 4, "BackwardParams layout");
+static_assert(sizeof(BackwardParams) == 16 * 8 + 16 * 4, "BackwardParams layout");
 static_assert(sizeof(ApeReduceParams) == 3 * 8 + 6 * 4, "ApeReduceParams layout");
 static_assert(sizeof(OffsetCheckParams) == 3 * 8 + 4 * 4, "OffsetCheckParams layout");
 

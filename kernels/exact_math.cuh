@@ -113,8 +113,8 @@ __device__ __forceinline__ float sqrt_rn_normal(float v) {
   return __fmaf_rn(__fmaf_rn(-s, s, v), __fmul_rn(0.5f, y), s);
 }
 
-// The rare inputs, out of line for the reason div_rn_exact is.
-__device__ __noinline__ float sqrt_rn_scaled(float v) {
+// The rare inputs.
+__device__ __forceinline__ float sqrt_rn_rare(float v) {
   if (v > 0.0f && v < 0x1p-100f) return __fmul_rn(sqrt_rn_normal(__fmul_rn(v, 0x1p64f)), 0x1p-32f);
   if (v > 0x1p124f && v <= 0x1.fffffep127f)
     return __fmul_rn(sqrt_rn_normal(__fmul_rn(v, 0x1p-64f)), 0x1p32f);
@@ -122,8 +122,17 @@ __device__ __noinline__ float sqrt_rn_scaled(float v) {
   return __int_as_float(0x7fffffff);               // v < 0 or NaN
 }
 
+// The rare inputs out of line, for the reason div_rn_exact is.
+__device__ __noinline__ float sqrt_rn_scaled(float v) {
+  return sqrt_rn_rare(v);
+}
+
+// INLINE_RARE: the rare path inline, for a small kernel in which the call took a stack frame
+// (tail_row_stats).
+template <bool INLINE_RARE = false>
 __device__ __forceinline__ float sqrt_rn(float v) {
-  return v >= 0x1p-100f && v <= 0x1p124f ? sqrt_rn_normal(v) : sqrt_rn_scaled(v);
+  if (v >= 0x1p-100f && v <= 0x1p124f) return sqrt_rn_normal(v);
+  return INLINE_RARE ? sqrt_rn_rare(v) : sqrt_rn_scaled(v);
 }
 
 // RN(1 / x) for |x| in [2^-125, 2^125] (the reciprocal stays normal), zero, infinity or NaN:

@@ -165,6 +165,12 @@ __global__ void __launch_bounds__(THREADS, MIN_CTAS)
       for (int v = 0; v < VEC; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(x[v], own_s[k][v]));
     }
   }
+  if constexpr (Store::kCooperative) {
+    // The tail's pooled rows, where the caller keeps them for the row-stats backward.
+    if (has_row && p.pooled != nullptr)
+      store_vec<Element<kElementF32>, VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + col,
+                                           acc);
+  }
   Store::template store_row<typename IO::E, VEC, HEAD_DIM, THREADS>(
       p, IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col, row, col, has_row, acc);
 }
@@ -260,7 +266,14 @@ template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int TY, 
           int MIN_CTAS, int FORM>
 __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     short_window_backward(const __grid_constant__ BackwardParams p) {
-  pdl_enter(/*dependents_first=*/true);  // one wave: see backward_grid()
+  using Tail = typename IO::Store;
+  // One wave: see backward_grid(). The row-stats form waits only before its first row's
+  // scalars (tail_row_stats lets it in after its own wait).
+  if constexpr (Tail::kRowStats) {
+    pdl_launch_dependents();
+  } else {
+    pdl_enter(/*dependents_first=*/true);
+  }
   static_assert(FORM >= kBackwardFormDefault && FORM < kShortWindowBackwardForms, "a form");
   constexpr bool ZEROS_FIRST = FORM >= kBackwardFormZerosFirst;
   constexpr bool LEAN = FORM >= kBackwardFormLean;
@@ -298,15 +311,19 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   // grad_w summed as grad_ape is: its partials after grad_ape's in each row group's block of
   // the workspace (the fixed order), or added into grad_w, which the block's claimant zeroes
   // with grad_ape (atomic).
-  using Tail = typename IO::Store;
+  // The tail's row-stats form (Tail::kRowStats) holds the plain kernel's column blocks: each
+  // thread runs the tail's backward of its own columns from the row's scalars, which
+  // tail_row_stats wrote before this kernel (p.row_stats).
   constexpr bool TAIL = Tail::kCooperative;
-  constexpr bool GRAD_W = TAIL && Tail::kNorm;
+  constexpr bool ROW_STATS = Tail::kRowStats;
+  constexpr bool GRAD_W = (TAIL || ROW_STATS) && Tail::kNorm;
   static_assert(!TAIL || ROW_FLOATS == HEAD_DIM, "the tail's backward takes whole rows");
   constexpr int GROUP_FLOATS = RATIO * W + (GRAD_W ? HEAD_DIM : 0);
   const int tid = ty * TX + tx;
-  float dw[TAIL ? VEC : 1];  // the norm's grad_w terms (unused without the norm)
+  constexpr int DW = TAIL || ROW_STATS ? VEC : 1;
+  float dw[DW];  // the norm's grad_w terms (unused without the norm)
 #pragma unroll
-  for (int v = 0; v < (TAIL ? VEC : 1); ++v) dw[v] = 0.0f;
+  for (int v = 0; v < DW; ++v) dw[v] = 0.0f;
   int parity = 0;
   // Atomic mode with claim words: the arrival and, in the CTA that claims the block, its
   // zeroing at the start, so that no CTA waits for the zeroing after its rows (warp 0 waits
@@ -319,7 +336,10 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     claim_zero_if_first(grad_ape_claim_word(p), gridDim.y, claim, [&](int t, int threads) {
       zero_grad_ape_block<COFF, HEAD_DIM, SLOTS, ROW_FLOATS>(p, t, threads);
       if constexpr (GRAD_W) {
-        for (int c = t; c < HEAD_DIM; c += threads) p.grad_w[c] = 0.0f;
+        // This column block's part of grad_w (the whole of it where a row is one block).
+        const int col0 = static_cast<int>(blockIdx.x) * ROW_FLOATS;
+        for (int c = t; c < ROW_FLOATS && col0 + c < HEAD_DIM; c += threads)
+          p.grad_w[col0 + c] = 0.0f;
       }
     });
     if (LEAN && tid == 0) parked_claim = claim;
@@ -359,17 +379,25 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       const int row_tid = LEAN ? reread_thread_linear(TX) : tid;
       const int row_col = ROW_COLUMN ? reread_block_thread_x(TX) * VEC : col;
       Tail::template stage_operands<VEC, HEAD_DIM, TX * TY>(p, row_col, w.block, row_tid);
+      // The row-stats form's operands: their L2 round trip overlaps the window's.
+      [[maybe_unused]] typename Tail::template Operands<ROW_STATS ? VEC : 1> op;
+      if constexpr (ROW_STATS) Tail::template read_operands<VEC, HEAD_DIM>(p, row_col, w.block, op);
       const bool use_prev = COFF == 2 && !w.first;
       float prev_e[NPREV][VEC], prev_kv[NPREV][VEC];
       float own_e[RATIO][VEC], own_kv[RATIO][VEC];
       load_window<IO, RATIO, COFF, HEAD_DIM, VEC, NPREV>(
           IO::in(p.score), IO::in(p.kv), p.ape, sr.at(w.t0) + row_col, sr.step,
           kr.at(w.t0) + row_col, kr.step, row_col, use_prev, prev_e, prev_kv, own_e, own_kv);
+      [[maybe_unused]] float2 stats;
+      if constexpr (ROW_STATS) {
+        pdl_wait();  // the row scalars of tail_row_stats (the window's loads are out)
+        stats = __ldg(reinterpret_cast<const float2*>(p.row_stats) + row);
+      }
       const long long gkb = gk_rows.at(w.t0) + row_col;
       const long long gsb = gs_rows.at(w.t0) + row_col;
       // p_k replaces s_k in place.
       softmax_weights<NPREV, RATIO, VEC>(prev_e, own_e, use_prev);
-      if constexpr (TAIL) {
+      if constexpr (TAIL || ROW_STATS) {
         // The pooled row, recomputed as the forward computes it, then g: grad_y -> grad_x.
         float x[VEC];
 #pragma unroll
@@ -386,13 +414,18 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
 #pragma unroll
           for (int v = 0; v < VEC; ++v)
             x[v] = __fadd_rn(x[v], __fmul_rn(own_kv[k][v], own_e[k][v]));
-        // NOTE: the lean form takes the parity from the lane's iteration count: the same
-        // alternation, since padding rows (skipped) are the last rows of the pack.
-        const int row_parity =
-            LEAN ? ((row - static_cast<int>(blockIdx.y) * p.rows_per_cta) / TY) & 1 : parity;
-        Tail::template backward_row<VEC, HEAD_DIM, TX * TY>(p, row_col, row_tid, row_parity, x, g,
-                                                            dw);
-        parity ^= 1;
+        if constexpr (ROW_STATS) {
+          Tail::template backward_columns<E, VEC, HEAD_DIM>(IO::in(p.grad_out) + row * gout_stride,
+                                                            row_col, op, stats, x, g, dw);
+        } else {
+          // NOTE: the lean form takes the parity from the lane's iteration count: the same
+          // alternation, since padding rows (skipped) are the last rows of the pack.
+          const int row_parity =
+              LEAN ? ((row - static_cast<int>(blockIdx.y) * p.rows_per_cta) / TY) & 1 : parity;
+          Tail::template backward_row<VEC, HEAD_DIM, TX * TY>(p, row_col, row_tid, row_parity, x, g,
+                                                              dw);
+          parity ^= 1;
+        }
       }
 
       float S[VEC];
@@ -463,16 +496,18 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
 #pragma unroll
       for (int v = 0; v < VEC; ++v) wfold[ty][tx * VEC + v] = dw[v];
       __syncthreads();
-      // grad_w's partial of this row group, folded over the row lanes in lane order (after
-      // the claimant's zeroing: claim_await_zeroed above).
-      for (int c = ty * TX + tx; c < HEAD_DIM; c += TX * TY) {
+      // grad_w's partial of this row group and column block, folded over the row lanes in
+      // lane order (after the claimant's zeroing: claim_await_zeroed above).
+      const int wcol0 = static_cast<int>(blockIdx.x) * ROW_FLOATS;
+      for (int c = ty * TX + tx; c < ROW_FLOATS && wcol0 + c < HEAD_DIM; c += TX * TY) {
         float sum = wfold[0][c];
 #pragma unroll
         for (int y = 1; y < TY; ++y) sum = __fadd_rn(sum, wfold[y][c]);
         if constexpr (FIXED_ORDER) {
-          p.workspace[static_cast<long long>(blockIdx.y) * GROUP_FLOATS + RATIO * W + c] = sum;
+          p.workspace[static_cast<long long>(blockIdx.y) * GROUP_FLOATS + RATIO * W + wcol0 + c] =
+              sum;
         } else {
-          atomicAdd(p.grad_w + c, sum);
+          atomicAdd(p.grad_w + wcol0 + c, sum);
         }
       }
     }

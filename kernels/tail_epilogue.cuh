@@ -65,12 +65,18 @@ __device__ __forceinline__ void row_sums(float (&s)[N], float* red, int tid) {
 
 template <int KIND>
 struct TailEpilogue {
-  static constexpr bool kCooperative = true;
   static constexpr bool kNorm = (KIND & kTailNorm) != 0;
   static constexpr bool kWeightF32 = (KIND & kTailNormWeightF32) != 0;
   static constexpr int kRopeDim = tail_rope_dim(KIND);
   static constexpr bool kInterleaved = (KIND & kTailRopeInterleaved) != 0;
   static constexpr bool kHadamard = (KIND & kTailHadamard) != 0;
+  // The backward's row-stats form (kTailRowStats): each thread its own columns, from the row
+  // scalars of tail_row_stats; else every thread of a row takes part in the row's tail.
+  static constexpr bool kRowStats = (KIND & kTailRowStats) != 0;
+  static constexpr bool kCooperative = !kRowStats;
+  static_assert(
+      !kRowStats || (kNorm && !kHadamard),
+      "the row-stats form serves a tail with the norm and without the Hadamard transform");
 
   // The operands of this thread's columns (the norm weight) and of its row (RoPE's cos and sin
   // at the row's block).
@@ -80,6 +86,19 @@ struct TailEpilogue {
     float cos[kRopeDim > 0 ? VEC : 1];
     float sin[kRopeDim > 0 ? VEC : 1];
   };
+
+  // The other column of column c's RoPE pair (c itself outside the rotated columns).
+  template <int HEAD_DIM>
+  static __device__ __forceinline__ int pair_partner(int c) {
+    constexpr int FIRST = HEAD_DIM - kRopeDim;
+    constexpr int HALF = kRopeDim / 2;
+    if (c < FIRST) return c;
+    if constexpr (kInterleaved) {
+      return c ^ 1;  // FIRST is even
+    } else {
+      return c < FIRST + HALF ? c + HALF : c - HALF;
+    }
+  }
 
   // RoPE pair index of column c (its table column), or -1 outside the rotated columns.
   template <int HEAD_DIM>
@@ -172,12 +191,13 @@ struct TailEpilogue {
 
   // 1 / sqrt(Σx² / d + eps); Σx² / d is exact as a product where d is a power of two (the tail
   // is under the tolerance contract: elsewhere the division may round its rare operands twice).
-  template <int HEAD_DIM>
+  // INLINE_RARE: sqrt_rn's.
+  template <int HEAD_DIM, bool INLINE_RARE = false>
   static __device__ __forceinline__ float rstd_of(float sum_sq, float eps) {
     const float mean = (HEAD_DIM & (HEAD_DIM - 1)) == 0
                            ? __fmul_rn(sum_sq, 1.0f / static_cast<float>(HEAD_DIM))
                            : div_near(sum_sq, static_cast<float>(HEAD_DIM), 1.0f / HEAD_DIM);
-    return rcp_rn(sqrt_rn(__fadd_rn(mean, eps)));
+    return rcp_rn(sqrt_rn<INLINE_RARE>(__fadd_rn(mean, eps)));
   }
 
   // n = (x · rstd) · w; returns rstd.
@@ -357,6 +377,69 @@ struct TailEpilogue {
     backward_row_with<VEC, HEAD_DIM, THREADS>(p, op, col, tid, parity, x, g, dw);
   }
 
+  // The pooled row's gradient at column c from the gradient gn after RoPE's transpose (the
+  // norm's output gradient), the pooled value x and the row's scalars: w · gn · rstd − coef · x,
+  // and the column's grad_w term gn · x · rstd added into dw. The op order of every form.
+  static __device__ __forceinline__ float norm_gradient(float w, float gn, float x, float rstd,
+                                                        float coef, float& dw) {
+    dw = __fadd_rn(dw, __fmul_rn(gn, __fmul_rn(x, rstd)));
+    return __fsub_rn(__fmul_rn(rstd, __fmul_rn(w, gn)), __fmul_rn(coef, x));
+  }
+
+  // The norm's coefficient rstd³ · Σ (w · gn) · x / d from the row's two sums.
+  template <int HEAD_DIM>
+  static __device__ __forceinline__ float norm_coefficient(float rstd, float weighted_sum) {
+    const float cubed = __fmul_rn(__fmul_rn(rstd, rstd), rstd);
+    return (HEAD_DIM & (HEAD_DIM - 1)) == 0
+               ? __fmul_rn(__fmul_rn(cubed, weighted_sum), 1.0f / HEAD_DIM)
+               : div_near(__fmul_rn(cubed, weighted_sum), static_cast<float>(HEAD_DIM),
+                          1.0f / HEAD_DIM);
+  }
+
+  // RoPE's transpose of this thread's VEC columns of a row's gradient, in place: `grad_y` the
+  // row's gradient in memory, for the pairs whose other column another thread holds.
+  template <class E, int VEC, int HEAD_DIM>
+  static __device__ __forceinline__ void rope_transposed_columns(const typename E::T* grad_y,
+                                                                 int col, const Operands<VEC>& op,
+                                                                 float (&g)[VEC]) {
+    if constexpr (kRopeDim > 0) {
+      constexpr int FIRST = HEAD_DIM - kRopeDim;
+      constexpr int HALF = kRopeDim / 2;
+      float own[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) own[v] = g[v];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        const int c = col + v;
+        if (c < FIRST) continue;
+        float other;
+        if constexpr (kInterleaved && VEC % 2 == 0) {
+          other = own[v ^ 1];  // the pair's columns are both this thread's (col is even)
+        } else {
+          float loaded[1];
+          load_vec<E, 1>(grad_y + pair_partner<HEAD_DIM>(c), loaded);
+          other = loaded[0];
+        }
+        const bool lower = kInterleaved ? (c - FIRST) % 2 == 0 : c < FIRST + HALF;
+        g[v] = rotate<true>(own[v], other, lower, op.cos[v], op.sin[v]);
+      }
+    }
+  }
+
+  // The row-stats form's backward of this thread's VEC columns of one row: `g` holds grad_y on
+  // entry and the pooled row's gradient on return, `x` the pooled row's columns, `stats` the
+  // row's scalars (rstd, coef) from tail_row_stats; the grad_w terms are added into `dw`.
+  template <class E, int VEC, int HEAD_DIM>
+  static __device__ __forceinline__ void backward_columns(const typename E::T* grad_y, int col,
+                                                          const Operands<VEC>& op, float2 stats,
+                                                          const float (&x)[VEC], float (&g)[VEC],
+                                                          float (&dw)[VEC]) {
+    rope_transposed_columns<E, VEC, HEAD_DIM>(grad_y, col, op, g);
+#pragma unroll
+    for (int v = 0; v < VEC; ++v)
+      g[v] = norm_gradient(op.w[v], g[v], x[v], stats.x, stats.y, dw[v]);
+  }
+
   // backward_row with the operands in hand.
   template <int VEC, int HEAD_DIM, int THREADS>
   static __device__ __forceinline__ void backward_row_with(const BackwardParams& p,
@@ -382,16 +465,9 @@ struct TailEpilogue {
       }
       row_sums<NCV, THREADS>(sums, red[parity], tid);
       const float rstd = rstd_of<HEAD_DIM>(sums[0], p.eps);
-      const float cubed = __fmul_rn(__fmul_rn(rstd, rstd), rstd);
-      const float coef =
-          (HEAD_DIM & (HEAD_DIM - 1)) == 0
-              ? __fmul_rn(__fmul_rn(cubed, sums[1]), 1.0f / HEAD_DIM)
-              : div_near(__fmul_rn(cubed, sums[1]), static_cast<float>(HEAD_DIM), 1.0f / HEAD_DIM);
+      const float coef = norm_coefficient<HEAD_DIM>(rstd, sums[1]);
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        dw[v] = __fadd_rn(dw[v], __fmul_rn(g[v], __fmul_rn(x[v], rstd)));
-        g[v] = __fsub_rn(__fmul_rn(rstd, __fmul_rn(op.w[v], g[v])), __fmul_rn(coef, x[v]));
-      }
+      for (int v = 0; v < VEC; ++v) g[v] = norm_gradient(op.w[v], g[v], x[v], rstd, coef, dw[v]);
     }
   }
 };

@@ -181,18 +181,21 @@ struct TailProblem {
 
   // The long-window family's tail: the forward keeps the pooled rows, its backward reads them.
   bool long_window() const { return keeps_pooled_rows(config); }
+  // A short-window tail's backward in its row-stats form: from the pooled rows too.
+  bool row_stats = false;
+  bool keeps_pooled() const { return long_window() || row_stats; }
   ForwardArgs forward_args() const {
     ForwardArgs a = dev.forward();
     a.tail = tail_d.tail();
     if (c.tail.norm) a.rstd = rstd_d.as<float>();
-    if (long_window()) a.pooled = pooled_d.as<float>();
+    if (keeps_pooled()) a.pooled = pooled_d.as<float>();
     return a;
   }
   BackwardArgs backward_args(std::uint32_t flags) const {
     BackwardArgs a = dev.backward(flags);
     a.tail = tail_d.tail();
     if (c.tail.norm) a.grad_norm_weight = grad_w_d.as<float>();
-    if (long_window()) a.pooled = pooled_d.as<float>();
+    if (keeps_pooled() && c.tail.norm) a.pooled = pooled_d.as<float>();
     return a;
   }
   // The row's block in its segment (padding rows: 0).
@@ -359,12 +362,14 @@ TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
   }
 }
 
-TEST_P(GpuTail, BackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
-  const TailCase& c = GetParam();
+// The backward (in its row-stats form with `row_stats`) against the fp32 chain reference, the
+// fp64 oracle and the unfused chain, both grad_ape forms, determinism and accumulation.
+void check_backward(const TailCase& c, bool row_stats) {
   const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(c.ratio * 137 + c.head_dim);
   TailProblem tp(c, seed);
+  tp.row_stats = row_stats;
   const Problem& p = tp.p;
-  SCOPED_TRACE(p.describe() + " " + name_of(c));
+  SCOPED_TRACE(p.describe() + " " + name_of(c) + (row_stats ? " row-stats form" : ""));
   const std::size_t tok_bytes = tp.dev.grad_kv.size();
   const std::size_t ape_n = p.ape.size();
   const auto d = static_cast<std::size_t>(c.head_dim);
@@ -388,7 +393,7 @@ TEST_P(GpuTail, BackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
     if (c.tail.norm) tp.grad_w_d.download(g.w.data(), d * 4);
     return g;
   };
-  if (tp.long_window()) {  // the pooled rows the backward reads
+  if (tp.keeps_pooled()) {  // the pooled rows the backward reads
     g_runtime->forward(tp.forward_args(), nullptr);
     device::synchronize(nullptr);
   }
@@ -495,6 +500,43 @@ TEST_P(GpuTail, BackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
   EXPECT_LE(fused_kv.sq, unfused_kv.sq)
       << "grad_kv: the fused tail is further from fp64 (" << fused_kv.sq
       << ") than the unfused chain (" << unfused_kv.sq << ")";
+}
+
+TEST_P(GpuTail, BackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  check_backward(GetParam(), false);
+}
+
+// Short-window tails with the norm and without the Hadamard transform: the backward's
+// row-stats form (the caller keeps the pooled rows) meets the same contract.
+TEST_P(GpuTail, RowStatsBackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  const TailCase& c = GetParam();
+  if (!has_row_stats_backward(
+          Config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail}))
+    GTEST_SKIP() << "no row-stats form";
+  {
+    // The forward that keeps the pooled rows: the same y, and every pooled value written
+    // (poisoned first) within the fp32 contract of the CPU's.
+    TailProblem tp(c, base_seed() + static_cast<std::uint64_t>(c.ratio * 131 + c.head_dim));
+    SCOPED_TRACE(tp.p.describe() + " " + name_of(c));
+    auto y_of = [&](bool keep) {
+      tp.row_stats = keep;
+      tp.dev.out.fill(0xff);
+      tp.pooled_d.fill(0xff);
+      g_runtime->forward(tp.forward_args(), nullptr);
+      device::synchronize(nullptr);
+      return tools::DeviceInputs::download(tp.dev.out);
+    };
+    const std::vector<std::uint8_t> plain_y = y_of(false);
+    EXPECT_EQ(y_of(true), plain_y) << "y differs where the forward keeps the pooled rows";
+    const auto n = static_cast<std::size_t>(tp.p.total_comp * c.head_dim);
+    std::vector<std::uint8_t> pooled_gpu(n * 4), pooled_cpu(n * 4);
+    tp.pooled_d.download(pooled_gpu.data(), n * 4);
+    reference::pooled_fp32(tp.h, reinterpret_cast<float*>(pooled_cpu.data()));
+    const std::string broken =
+        contract_failure(pooled_gpu, pooled_cpu, DType::kF32, false, "pooled");
+    EXPECT_TRUE(broken.empty()) << broken;
+  }
+  check_backward(c, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tails, GpuTail, ::testing::ValuesIn(all_cases()),
@@ -668,6 +710,19 @@ TEST_F(Gpu, TailRejectionsLeaveTheOutputUntouched) {
     ADD_FAILURE() << "a backward without grad_norm_weight was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("grad_norm_weight"), std::string::npos) << e.what();
+  }
+  device::synchronize(nullptr);
+  EXPECT_EQ(tools::DeviceInputs::download(dev.grad_kv), grad_before);
+  // pooled selects the row-stats form, which a tail with the Hadamard transform has not.
+  device::Buffer grad_w(128 * 4), pooled(static_cast<std::size_t>(p.total_comp) * 128 * 4);
+  b.grad_norm_weight = grad_w.as<float>();
+  b.pooled = pooled.as<float>();
+  b.config.tail.hadamard = true;
+  try {
+    g_runtime->backward(b, nullptr);
+    ADD_FAILURE() << "pooled with a Hadamard tail in the short-window family was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no row-stats backward"), std::string::npos) << e.what();
   }
   device::synchronize(nullptr);
   EXPECT_EQ(tools::DeviceInputs::download(dev.grad_kv), grad_before);

@@ -35,8 +35,9 @@ struct BenchOptions {
   std::vector<std::string> directions;  // empty: fwd, bwd and bwd-det
   DType dtype = DType::kBf16;
   Layout layout = Layout::kThd;
-  std::int64_t stride = 0;  // rows of kv, score, grad_kv, grad_score this many elements apart
-  TailShape tail;           // the fused tail of the forward
+  std::int64_t stride = 0;   // rows of kv, score, grad_kv, grad_score this many elements apart
+  TailShape tail;            // the fused tail of the forward
+  bool keep_pooled = false;  // short-window tails: keep the pooled rows (the row-stats backward)
 };
 
 struct DeviceSet {
@@ -137,9 +138,10 @@ nlohmann::json bench_shape(Runtime& rt, Stream stream, const Shape& shape, const
   const std::size_t tok_bytes = laid.kv.size();
   const std::size_t comp_bytes = static_cast<std::size_t>(in.total_comp * c.head_dim) * esize;
   const std::size_t ape_bytes = static_cast<std::size_t>(c.ratio * width) * 4;
-  // The long-window family's tail keeps the pooled rows (fp32) for its backward: written by the
-  // forward, read by the backward, counted in both floors.
-  const bool keeps_pooled = keeps_pooled_rows(c);
+  // The long-window family's tail keeps the pooled rows (fp32) for its backward, and a
+  // short-window tail with the norm where asked (--keep-pooled: the backward's row-stats form):
+  // written by the forward, read by the backward, counted in both floors.
+  const bool keeps_pooled = keeps_pooled_rows(c) || (o.keep_pooled && has_row_stats_backward(c));
   const std::size_t pooled_bytes =
       keeps_pooled ? static_cast<std::size_t>(in.total_comp * c.head_dim) * 4 : 0;
   const std::int64_t fwd_bytes =
@@ -361,6 +363,9 @@ void add_bench_command(CLI::App& app, Runtime*& runtime) {
   add_direction_option(cmd, opts->directions, kBenchDirections);
   add_io_options(cmd, opts->dtype, opts->layout);
   add_tail_options(cmd, opts->tail);
+  cmd->add_flag("--keep-pooled", opts->keep_pooled,
+                "short-window tails with the norm (no Hadamard): the forward keeps the fp32 pooled "
+                "rows and the backward reads them (its row-stats form)");
   cmd->add_option("--stride", opts->stride,
                   "rows of kv, score, grad_kv and grad_score this many elements apart, as halves "
                   "of one fused projection's output are (default: dense)")

@@ -105,9 +105,11 @@ typedef struct csa_compressor_args {
   float* rstd;             /* forward, optional with CSA_TAIL_NORM: (total_comp,) fp32 */
   float* grad_norm_weight; /* backward with CSA_TAIL_NORM: (head_dim,) fp32, overwritten
                               unless CSA_ACCUMULATE_GRAD_APE, like grad_ape */
-  /* ---- version 3: the long-window family's tail (ratio > 16) keeps the pooled rows for its
-   * backward: (total_comp, head_dim) fp32, dense, 16-byte aligned. Forward: optional output;
-   * backward: required with CSA_TAIL_NORM there. Null otherwise. */
+  /* ---- version 3: the pooled rows before the tail, for the backward: (total_comp, head_dim)
+   * fp32, dense, 16-byte aligned. Forward: optional output. Backward: required by the
+   * long-window family's tail (ratio > 16) with CSA_TAIL_NORM; in the short-window family it
+   * selects the backward's row-stats form (CSA_TAIL_NORM without CSA_TAIL_HADAMARD only).
+   * Null without a tail. */
   float* pooled;
 } csa_compressor_args;
 

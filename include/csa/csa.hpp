@@ -111,6 +111,11 @@ struct Config {
 // whose forward keeps the pooled rows (ForwardArgs::pooled) that its backward reads.
 CSA_API bool keeps_pooled_rows(const Config& config);
 
+// Whether calls of `config` run the short-window family's tail with the norm and without the
+// Hadamard transform, whose backward takes its row-stats form where the caller keeps the
+// pooled rows (ForwardArgs::pooled, then BackwardArgs::pooled).
+CSA_API bool has_row_stats_backward(const Config& config);
+
 // The tensors of a call's tail, as config.tail names its stages (device pointers in calls,
 // host pointers in the references).
 struct Tail {
@@ -180,10 +185,11 @@ struct ForwardArgs {
   // values, each row's (mean(x²) + eps)^-1/2.
   Tail tail;
   float* rstd = nullptr;
-  // The long-window family's tail (ratio > 16): optional, (total_comp, head_dim) fp32 dense,
-  // 16-byte aligned, receives the pooled rows before the tail, which that family's backward
-  // reads (BackwardArgs::pooled). Without it the forward keeps them in scratch memory.
-  // Must be null otherwise.
+  // With a tail: optional, (total_comp, head_dim) fp32 dense, 16-byte aligned, receives the
+  // pooled rows before the tail, for the backward (BackwardArgs::pooled). The long-window
+  // family's tail (ratio > 16) reads them there (without it the forward keeps them in scratch
+  // memory); a short-window tail with the norm and without the Hadamard transform takes its
+  // backward's row-stats form from them. Must be null without a tail.
   float* pooled = nullptr;
 };
 
@@ -213,8 +219,10 @@ struct BackwardArgs {
   // accumulating, like grad_ape.
   Tail tail;
   float* grad_norm_weight = nullptr;
-  // The long-window family's tail with the norm: the pooled rows the forward wrote to
-  // ForwardArgs::pooled (required there; must be null otherwise).
+  // The pooled rows the forward wrote to ForwardArgs::pooled: required by the long-window
+  // family's tail with the norm; in the short-window family they select the backward's
+  // row-stats form (a tail with the norm and without the Hadamard transform only; rejected
+  // otherwise). Must be null without a tail.
   const float* pooled = nullptr;
 };
 

@@ -55,10 +55,23 @@ def _table(name: str, t: object, half: Optional[int], device: torch.device) -> T
     return t
 
 
-def keeps_pooled(ratio: int, spec: TailSpec) -> bool:
-    """Whether the forward returns the pooled rows: the long-window family's (ratio > 16) tail
-    backward reads them with the norm."""
-    return ratio > SHORT_WINDOW_MAX_RATIO and spec.norm
+# The short-window backward's row-stats form: where the whole-row form holds one row a CTA
+# (head_dim 512 and more at windows of 7 slots or more), up to this many output elements.
+ROW_STATS_MIN_HEAD_DIM = 512
+ROW_STATS_MIN_WINDOW = 7
+ROW_STATS_MAX_ELEMENTS = 1 << 20
+
+
+def keeps_pooled(ratio: int, coff: int, head_dim: int, total_comp: int, spec: TailSpec) -> bool:
+    """Whether the forward returns the fp32 pooled rows for the backward: the long-window
+    family's (ratio > 16) tail backward reads them with the norm; a short-window tail with the
+    norm and without the Hadamard transform takes its backward's row-stats form from them where
+    that measured faster than recomputing each row whole (docs/performance.md)."""
+    if ratio > SHORT_WINDOW_MAX_RATIO:
+        return spec.norm
+    return (spec.norm and not spec.hadamard and head_dim >= ROW_STATS_MIN_HEAD_DIM
+            and ratio * coff >= ROW_STATS_MIN_WINDOW
+            and total_comp * head_dim <= ROW_STATS_MAX_ELEMENTS)
 
 
 def tail_spec(head_dim: int, ratio: int, device: torch.device, norm_weight: object, eps: object,
@@ -139,8 +152,8 @@ def _tail_args(shape: _checks.Shape, spec: TailSpec, ratio: int, coff: int, tota
 
 def _check_pooled(pooled: object, total_comp: int, head_dim: int, device: torch.device) -> None:
     if not isinstance(pooled, Tensor):
-        raise TypeError(f"pooled must be the forward's pooled rows (a torch.Tensor) at ratio > "
-                        f"{SHORT_WINDOW_MAX_RATIO} with the norm, got {type(pooled).__name__}")
+        raise TypeError(f"pooled must be the forward's pooled rows (a torch.Tensor) where the "
+                        f"forward keeps them (keeps_pooled), got {type(pooled).__name__}")
     if pooled.dtype != torch.float32:
         raise TypeError(f"pooled must be float32, got {pooled.dtype}")
     if tuple(pooled.shape) != (total_comp, head_dim):
@@ -169,7 +182,7 @@ def tail_forward_impl(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Option
                      rope_dim or None, rope_interleaved, hadamard)
     y = kv.new_empty(_checks.out_shape(shape, total_comp))
     rstd = kv.new_empty((total_comp if spec.norm else 0,), dtype=torch.float32)
-    keep = keeps_pooled(ratio, spec)
+    keep = keeps_pooled(ratio, coff, shape.head_dim, total_comp, spec)
     pooled = kv.new_empty((total_comp, shape.head_dim) if keep else (0,), dtype=torch.float32)
     if not launch or total_comp == 0 or not kv.is_cuda:
         return y, rstd, pooled
@@ -204,7 +217,8 @@ def tail_backward_impl(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
     else:
         total_comp = grad_y.shape[0] if isinstance(grad_y, Tensor) and grad_y.dim() else 0
     _checks.grad_out(grad_y, shape, total_comp, kv.device)
-    if keeps_pooled(ratio, spec):
+    keep = keeps_pooled(ratio, coff, shape.head_dim, total_comp, spec)
+    if keep:
         _check_pooled(pooled, total_comp, shape.head_dim, kv.device)
     grad_kv = _ops.dense_like(kv, shape.kv_stride)
     grad_score = _ops.dense_like(score, shape.score_stride)
@@ -218,7 +232,7 @@ def tail_backward_impl(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tensor,
     a.grad_score, a.grad_ape = grad_score.data_ptr(), grad_ape.data_ptr()
     if spec.norm:
         a.grad_norm_weight = grad_w.data_ptr()
-    if keeps_pooled(ratio, spec) and pooled is not None:
+    if keep and pooled is not None:
         a.pooled = pooled.data_ptr()
     a.flags = _lib.DETERMINISTIC if deterministic else 0
     _checks.aligned({"kv": a.kv, "score": a.score, "ape": a.ape, "grad_out": a.grad_out},
@@ -236,7 +250,7 @@ def compress_tail_forward(kv: Tensor, score: Tensor, ape: Tensor, cu_seqlens: Op
                           hadamard: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(y, rstd, pooled)``: the pooled rows through RMSNorm, RoPE and the Hadamard transform
     (each optional), as :func:`csa.compress` returns them, each row's rstd with the norm, and
-    at ratio > 16 with the norm the fp32 pooled rows the backward reads (else empty)."""
+    the fp32 pooled rows the backward reads where it reads them (keeps_pooled; else empty)."""
     return tail_forward_impl(kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight, rope_cos,
                              rope_sin, ratio, coff, total_comp, eps, rope_dim, rope_interleaved,
                              hadamard)
@@ -264,7 +278,7 @@ def compress_tail_backward(grad_y: Tensor, kv: Tensor, score: Tensor, ape: Tenso
                            rope_dim: int, rope_interleaved: bool, hadamard: bool,
                            deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(grad_kv, grad_score, grad_ape, grad_w)`` from grad_y (grad_w: fp32, empty without
-    the norm); pooled: the forward's third output (read at ratio > 16 with the norm)."""
+    the norm); pooled: the forward's third output (read where the forward keeps it)."""
     return tail_backward_impl(grad_y, kv, score, ape, cu_seqlens, cu_seqlens_comp, norm_weight,
                               rope_cos, rope_sin, pooled, ratio, coff, eps, rope_dim,
                               rope_interleaved, hadamard, deterministic)

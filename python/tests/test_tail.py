@@ -59,6 +59,29 @@ def test_meta_shapes_and_backward_reach_every_input(weight_dtype: torch.dtype) -
     assert fwd[2].shape == (0,)  # the short-window family keeps no pooled rows
 
 
+def test_short_window_tail_keeps_the_pooled_rows_where_its_row_stats_backward_pays() -> None:
+    kv, score, ape, cu, cuc, w, cos, sin = meta_inputs(ratio=4, coff=2, d=512, rows=16)
+    args = (kv, score, ape, cu, cuc, w, None, None, 4, 2, 16, 1e-6, 0, True, False)
+    fwd = torch.ops.csa.compress_tail_forward(*args)
+    assert fwd[2].shape == (16, 512) and fwd[2].dtype == torch.float32  # pooled
+    y = csa.compress(kv, score, ape, cu, cuc, ratio=4, coff=2, total_comp=16, norm_weight=w)
+    y.backward(torch.ones_like(y))
+    assert kv.grad.shape == kv.shape and w.grad.shape == (512,)
+    g = torch.empty(16, 512, device=META, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="pooled must be the forward's pooled rows"):
+        torch.ops.csa.compress_tail_backward(g, kv, score, ape, cu, cuc, w, None, None, None, 4,
+                                             2, 1e-6, 0, True, False, False)
+    # Not with the Hadamard transform, nor from 2^20 output elements on, nor at short windows.
+    hadamard = args[:-1] + (True,)
+    assert torch.ops.csa.compress_tail_forward(*hadamard)[2].shape == (0,)
+    big = meta_inputs(ratio=4, coff=2, d=512, rows=4096)
+    big_args = big[:6] + (None, None, 4, 2, 4096, 1e-6, 0, True, False)
+    assert torch.ops.csa.compress_tail_forward(*big_args)[2].shape == (0,)
+    short = meta_inputs(ratio=2, coff=2, d=512, rows=16)
+    short_args = short[:6] + (None, None, 2, 2, 16, 1e-6, 0, True, False)
+    assert torch.ops.csa.compress_tail_forward(*short_args)[2].shape == (0,)
+
+
 def test_long_window_tail_keeps_the_pooled_rows_for_its_backward() -> None:
     kv, score, ape, cu, cuc, w, cos, sin = meta_inputs(ratio=32, coff=1, d=128, rows=4)
     y = csa.compress(kv, score, ape, cu, cuc, ratio=32, coff=1, total_comp=4, norm_weight=w,

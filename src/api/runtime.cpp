@@ -91,6 +91,11 @@ bool keeps_pooled_rows(const Config& config) {
   return config.tail.any() && config.ratio > schedule::kShortWindowMaxRatio;
 }
 
+bool has_row_stats_backward(const Config& config) {
+  return config.tail.norm && !config.tail.hadamard &&
+         config.ratio <= schedule::kShortWindowMaxRatio;
+}
+
 ScheduleChoice Runtime::select_schedule(const Config& config, Direction direction,
                                         std::int64_t rows, std::string_view arch) {
   const std::string a(arch);

@@ -78,6 +78,16 @@ std::string io_policy(const Config& c, int kernel_layout) {
 
 namespace {
 
+// The I/O policy of the tail backward's row-stats form.
+std::string row_stats_io_policy(const Config& c, int kernel_layout) {
+  return fmt::format("csa_kernel::Io<{},{},{}>", static_cast<int>(c.dtype), kernel_layout,
+                     csa_kernel::tail_row_stats_code(epilogue_code(c.tail)));
+}
+
+}  // namespace
+
+namespace {
+
 // "bf16-thd" for module labels.
 std::string io_label(const Config& c, int kernel_layout) {
   return fmt::format("{}-{}", dtype_name(c.dtype), kernel_layout_name(kernel_layout));
@@ -165,6 +175,23 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
         }
       }
       slots.ape_reduce = m.add(kt::kApeReduce, s.reduce_lanes);
+      if (schedule::has_row_stats_backward(s)) {
+        // The row-stats form: its first kernel, then the backward on the plain block shape with
+        // the row-stats I/O policy (and the reduction of its rule's lanes).
+        const auto rs = schedule::row_stats_backward(s);
+        slots.row_stats = m.add(kt::kTailRowStats, kRowStatsThreads);
+        m.set_shape(fmt::format("{},{},{},{}", row_stats_io_policy(c, kernel_layout), c.ratio,
+                                c.coff, c.head_dim));
+        auto row_stats_backward = [&](bool fixed_order) {
+          return m.add_resident(kt::kShortWindowBackward, rs.backward_tx * rs.backward_ty,
+                                rs.backward_min_ctas, rs.backward_vec, rs.backward_tx,
+                                rs.backward_ty, fixed_order);
+        };
+        slots.backward_row_stats_fixed = row_stats_backward(true);
+        slots.backward_row_stats_atomic = row_stats_backward(false);
+        m.set_shape(shape_args(c, kernel_layout));
+        slots.row_stats_ape_reduce = m.add(kt::kApeReduce, rs.reduce_lanes);
+      }
       const std::string label =
           fmt::format("short-r{}-c{}-d{}-{}-{}-{}", c.ratio, c.coff, c.head_dim,
                       io_label(c, kernel_layout), tail_name(c.tail), arch);

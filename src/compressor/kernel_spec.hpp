@@ -30,7 +30,16 @@ struct ShortWindowSlots {
   int backward_fixed_resident = -1;
   int backward_atomic_resident = -1;
   int ape_reduce = -1;
+  // A tail with the norm and without the Hadamard transform: its backward's row-stats form
+  // (the caller keeps the pooled rows), tail_row_stats and the backward in both grad_ape
+  // forms on the plain kernel's schedule (KernelSpec's row_stats_schedule).
+  int row_stats = -1;
+  int backward_row_stats_fixed = -1;
+  int backward_row_stats_atomic = -1;
+  int row_stats_ape_reduce = -1;
 };
+// Threads per CTA of tail_row_stats (a warp per row).
+inline constexpr int kRowStatsThreads = 256;
 struct ReferenceSlots {
   int forward = -1;
   int backward_rows = -1;

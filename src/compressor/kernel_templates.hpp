@@ -35,6 +35,9 @@ inline constexpr KernelTemplate<3> kShortWindowForward{"short_window.cuh",
 // short_window.cuh: <shape, VEC, TX, TY, FIXED_ORDER, MIN_CTAS, FORM>
 inline constexpr KernelTemplate<6, csa_kernel::kShortWindowBackwardForms> kShortWindowBackward{
     "short_window.cuh", "csa_kernel::short_window_backward"};
+// tail_row_stats.cuh: <shape, THREADS>
+inline constexpr KernelTemplate<1> kTailRowStats{"tail_row_stats.cuh",
+                                                 "csa_kernel::tail_row_stats"};
 // reference.cuh: <shape>
 inline constexpr KernelTemplate<0> kReferenceForward{"reference.cuh",
                                                      "csa_kernel::reference_forward"};
@@ -71,6 +74,10 @@ class ModuleBuilder {
   // `shape`: the arguments shaped templates begin with ("csa_kernel::Io<0,0,0>,4,2,128"); empty
   // for a module of unshaped kernels.
   explicit ModuleBuilder(std::string shape = {}) : shape_(std::move(shape)) {}
+
+  // The shape arguments of the instances added from now on (a module whose kernels differ in
+  // their I/O policy: the tail's row-stats backward).
+  void set_shape(std::string shape) { shape_ = std::move(shape); }
 
   // The instance of `t` with one argument per template parameter after the shape.
   template <int N, int F, class... Args>

@@ -38,6 +38,7 @@ struct Prepared {
   std::string key;                           // cache key of the module
   int backward_ctas_per_sm = 1;              // of the backward kernel (from its registers)
   int resident_backward_ctas_per_sm = 1;     // of the resident backward kernel, if any
+  int row_stats_backward_ctas_per_sm = 1;    // of the tail's row-stats backward, if any
   std::vector<PreparedBucket> long_forward;  // long-window buckets, ascending rows
   std::vector<PreparedBucket> long_backward;
   KernelSlots slots;          // the module's named kernels

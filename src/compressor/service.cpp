@@ -199,7 +199,7 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
     CUdevice dev = 0;
     d.check(d.api().cuDeviceGet(&dev, device), "cuDeviceGet");
     // CTAs per SM of a backward kernel, from its registers and shared memory.
-    auto ctas_of = [&](int slot) {
+    auto ctas_of = [&](int slot, int threads) {
       int regs = 0;
       int shared = 0;
       const CUkernel bwd = prepared->kernel(slot);
@@ -207,18 +207,23 @@ std::shared_ptr<const Prepared> Service::prepare(const Config& config, int kerne
               "cuKernelGetAttribute(registers)");
       d.check(d.api().cuKernelGetAttribute(&shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, bwd, dev),
               "cuKernelGetAttribute(shared memory)");
-      return schedule::resident_ctas(
-          prepared->device.sm, prepared->schedule.backward_tx * prepared->schedule.backward_ty,
-          regs, shared);
+      return schedule::resident_ctas(prepared->device.sm, threads, regs, shared);
     };
     const ShortWindowSlots& slots = prepared->slots.short_window;
+    const auto& s = prepared->schedule;
+    const int threads = s.backward_tx * s.backward_ty;
     // A tail module at one row lane a CTA holds the fixed-order backward only.
     prepared->backward_ctas_per_sm =
-        ctas_of(slots.backward_atomic >= 0 ? slots.backward_atomic : slots.backward_fixed);
+        ctas_of(slots.backward_atomic >= 0 ? slots.backward_atomic : slots.backward_fixed, threads);
     if (slots.backward_fixed_resident >= 0) {
       prepared->resident_backward_ctas_per_sm =
           ctas_of(slots.backward_atomic_resident >= 0 ? slots.backward_atomic_resident
-                                                      : slots.backward_fixed_resident);
+                                                      : slots.backward_fixed_resident,
+                  threads);
+    }
+    if (slots.backward_row_stats_atomic >= 0) {
+      prepared->row_stats_backward_ctas_per_sm =
+          ctas_of(slots.backward_row_stats_atomic, s.row_stats_tx * s.row_stats_ty);
     }
   }
   return prepared;

@@ -4,6 +4,7 @@
 // reduction), as grad_ape_policy decides.
 #include <optional>
 
+#include "common/error.hpp"
 #include "compressor/grad_ape_policy.hpp"
 #include "compressor/launch_helpers.hpp"
 #include "compressor/service.hpp"
@@ -47,6 +48,7 @@ void Service::launch_forward(const Prepared& p, const ForwardArgs& a, CUstream s
   shape.block_x = static_cast<unsigned>(choice.threads);
   shape.programmatic = p.programmatic;
   shape.grid_x = blocks_for(a.total_comp * ncv, shape.block_x);
+  params.pooled = a.pooled;  // a tail's pooled rows, for the backward's row-stats form
   const int slot = choice.wide ? p.slots.short_window.forward_wide : p.slots.short_window.forward;
   launch::launch(driver(), p.kernel(slot), shape, params, stream, "forward launch");
 }
@@ -86,15 +88,35 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
     return;
   }
 
-  const auto& s = p.schedule;
+  // The tail's row-stats form where the caller passes the pooled rows (kernels/
+  // tail_row_stats.cuh): its first kernel, then the backward on the plain block shape.
   const ShortWindowSlots& slots = p.slots.short_window;
+  const bool row_stats = a.pooled != nullptr;
+  if (row_stats && slots.row_stats < 0) {
+    fail(Status::kInvalidArgument,
+         "pooled is set but {} has no row-stats backward in the short-window family (it needs "
+         "the norm and no Hadamard transform): pass pooled = null",
+         config_label(c));
+  }
+  const schedule::ShortWindowSchedule s =
+      row_stats ? schedule::row_stats_backward(p.schedule) : p.schedule;
+  struct Kernels {
+    int fixed, atomic, fixed_resident, atomic_resident, ape_reduce;
+  };
+  const Kernels k =
+      row_stats
+          ? Kernels{slots.backward_row_stats_fixed, slots.backward_row_stats_atomic, -1, -1,
+                    slots.row_stats_ape_reduce}
+          : Kernels{slots.backward_fixed, slots.backward_atomic, slots.backward_fixed_resident,
+                    slots.backward_atomic_resident, slots.ape_reduce};
   // Large calls take the resident kernel where the module has one (a tail's module: in the
   // grad_ape forms it holds).
   const bool resident =
-      slots.backward_fixed_resident >= 0 && schedule::backward_takes_resident(s, c, a.total_comp);
-  const auto grid =
-      schedule::backward_grid(s, c, a.total_comp, p.device.sm_count,
-                              resident ? p.resident_backward_ctas_per_sm : p.backward_ctas_per_sm);
+      k.fixed_resident >= 0 && schedule::backward_takes_resident(s, c, a.total_comp);
+  const int ctas_per_sm = row_stats  ? p.row_stats_backward_ctas_per_sm
+                          : resident ? p.resident_backward_ctas_per_sm
+                                     : p.backward_ctas_per_sm;
+  const auto grid = schedule::backward_grid(s, c, a.total_comp, p.device.sm_count, ctas_per_sm);
   params.rows_per_cta = grid.rows_per_cta;
   launch::LaunchShape shape;
   shape.grid_x = static_cast<unsigned>(grid.grid_x);
@@ -109,28 +131,44 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   // captured_one_launch_min rows x slots of work: 0, always, by default).
   bool fixed_order =
       short_window_fixed_order(s, deterministic, capturing, grid.rows_per_cta, c.ratio * c.coff);
+  CUdeviceptr words = 0;
   if (!fixed_order) {
     // The claim words are per column block (x).
-    const CUdeviceptr words = accumulate ? 0 : scratch_.claim_words(grid.grid_x, capturing, stream);
-    if (words != 0 || accumulate || !s.fixed_order_default) {
-      prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
-      launch::launch(d, p.kernel(resident ? slots.backward_atomic_resident : slots.backward_atomic),
-                     shape, params, stream, "backward launch");
-      return;
-    }
-    fixed_order = true;
+    words = accumulate ? 0 : scratch_.claim_words(grid.grid_x, capturing, stream);
+    fixed_order = words == 0 && !accumulate && s.fixed_order_default;
   }
-  // The tail's grad_w partials follow grad_ape's in each row group's block.
+  // The stream's workspace: the fixed order's partials (the tail's grad_w partials after
+  // grad_ape's in each row group's block), then the row-stats form's row scalars.
   const std::int64_t grad_w_elems = c.tail.norm ? c.head_dim : 0;
-  const std::size_t workspace_bytes =
-      static_cast<std::size_t>(grid.grid_y) * (ape_elems + grad_w_elems) * sizeof(float);
-  CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
+  const std::int64_t partial_floats = fixed_order ? grid.grid_y * (ape_elems + grad_w_elems) : 0;
+  const std::int64_t stats_floats = row_stats ? a.total_comp * csa_kernel::kTailRowStatsFloats : 0;
+  const auto workspace_bytes =
+      static_cast<std::size_t>(partial_floats + stats_floats) * sizeof(float);
+  CUdeviceptr workspace = 0;
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
-  if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
+  if (workspace_bytes > 0) {
+    workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
+    if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
+  }
+  if (row_stats) {
+    params.pooled = a.pooled;
+    params.row_stats = device_ptr<float>(workspace) + partial_floats;
+    launch::LaunchShape stats;
+    stats.grid_x = blocks_for(a.total_comp, kRowStatsThreads / 32);
+    stats.block_x = kRowStatsThreads;
+    stats.programmatic = p.programmatic;
+    launch::launch(d, p.kernel(slots.row_stats), stats, params, stream, "row-stats launch");
+  }
+  if (!fixed_order) {
+    prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
+    launch::launch(d, p.kernel(resident ? k.atomic_resident : k.atomic), shape, params, stream,
+                   "backward launch");
+    return;
+  }
   params.workspace = device_ptr<float>(workspace);
-  launch::launch(d, p.kernel(resident ? slots.backward_fixed_resident : slots.backward_fixed),
-                 shape, params, stream, "backward launch");
-  launch_ape_reduce(d, p.kernel(slots.ape_reduce), params.workspace, a, ape_elems, grid.grid_y,
+  launch::launch(d, p.kernel(resident ? k.fixed_resident : k.fixed), shape, params, stream,
+                 "backward launch");
+  launch_ape_reduce(d, p.kernel(k.ape_reduce), params.workspace, a, ape_elems, grid.grid_y,
                     {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream,
                     grad_w_elems);
 }

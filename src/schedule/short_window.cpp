@@ -13,16 +13,36 @@ namespace csa::schedule {
 
 std::string ShortWindowSchedule::describe() const {
   return fmt::format(
-      "fv={},fnt={},fwv={},fwmin={},fwctas={},ft={},bv={},tx={},ty={},bmin={},bres={},bresmin={},"
-      "lanes={},fixed={},one={},cap={}",
-      forward_vec, forward_narrow_threads, forward_wide_vec, forward_wide_min_elements,
-      forward_wide_min_ctas, forward_threads, backward_vec, backward_tx, backward_ty,
-      backward_min_ctas, backward_resident_ctas, backward_resident_min_elements, reduce_lanes,
-      fixed_order_default ? 1 : 0, one_launch ? 1 : 0, captured_one_launch_min);
+             "fv={},fnt={},fwv={},fwmin={},fwctas={},ft={},bv={},tx={},ty={},bmin={},bres={},"
+             "bresmin={},"
+             "lanes={},fixed={},one={},cap={}",
+             forward_vec, forward_narrow_threads, forward_wide_vec, forward_wide_min_elements,
+             forward_wide_min_ctas, forward_threads, backward_vec, backward_tx, backward_ty,
+             backward_min_ctas, backward_resident_ctas, backward_resident_min_elements,
+             reduce_lanes, fixed_order_default ? 1 : 0, one_launch ? 1 : 0,
+             captured_one_launch_min) +
+         (row_stats_tx > 0
+              ? fmt::format(",rows=bv{}/tx{}/ty{}/bmin{}/lanes{}/fixed{}/one{}", row_stats_vec,
+                            row_stats_tx, row_stats_ty, row_stats_min_ctas, row_stats_reduce_lanes,
+                            row_stats_fixed_order_default ? 1 : 0, row_stats_one_launch ? 1 : 0)
+              : std::string());
 }
 
 bool ShortWindowSchedule::operator==(const ShortWindowSchedule& o) const {
   return describe() == o.describe();
+}
+
+ShortWindowSchedule row_stats_backward(const ShortWindowSchedule& s) {
+  ShortWindowSchedule r = s;
+  r.backward_vec = s.row_stats_vec;
+  r.backward_tx = s.row_stats_tx;
+  r.backward_ty = s.row_stats_ty;
+  r.backward_min_ctas = s.row_stats_min_ctas;
+  r.backward_resident_ctas = 0;
+  r.reduce_lanes = s.row_stats_reduce_lanes;
+  r.fixed_order_default = s.row_stats_fixed_order_default;
+  r.one_launch = s.row_stats_one_launch;
+  return r;
 }
 
 namespace {
@@ -214,6 +234,20 @@ ShortWindowSchedule select_short_window(const Config& c,
     return override_spec &&
            ("," + *override_spec).find(std::string(",") + key) != std::string::npos;
   };
+  if (c.tail.norm && !c.tail.hadamard) {
+    // The row-stats form holds the plain kernel's column blocks (before the tail's whole rows).
+    s.row_stats_vec = s.backward_vec;
+    s.row_stats_tx = s.backward_tx;
+    s.row_stats_ty = s.backward_ty;
+    // The resident kernel's residency where its rule names one (2-byte types): the tail's
+    // columns take more registers than the plain ones. fp32 spills there.
+    s.row_stats_min_ctas = s.backward_min_ctas > 0 || c.dtype == DType::kF32
+                               ? s.backward_min_ctas
+                               : s.backward_resident_ctas;
+    s.row_stats_reduce_lanes = s.reduce_lanes;
+    s.row_stats_fixed_order_default = s.fixed_order_default;
+    s.row_stats_one_launch = s.one_launch;
+  }
   if (c.tail.any()) apply_tail_backward(s, c, named);
   // An SM holds at most 2048 threads (and 32 CTAs). The rule's residency targets follow an
   // overridden block shape; a target the override names must fit it.

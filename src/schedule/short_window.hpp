@@ -54,6 +54,16 @@ struct ShortWindowSchedule {
   // fixed order.
   bool one_launch = true;
   int captured_one_launch_min = 0;
+  // A tail with the norm and without the Hadamard transform: the block shape and grad_ape rule
+  // of its backward's row-stats form (where the caller keeps the pooled rows), the plain
+  // configuration's; row_stats_tx 0: the schedule has none (row_stats_backward).
+  int row_stats_vec = 0;
+  int row_stats_tx = 0;
+  int row_stats_ty = 0;
+  int row_stats_min_ctas = 0;
+  int row_stats_reduce_lanes = 8;
+  bool row_stats_fixed_order_default = false;
+  bool row_stats_one_launch = true;
 
   std::string describe() const;
   bool operator==(const ShortWindowSchedule& o) const;
@@ -65,6 +75,13 @@ struct ForwardChoice {
   int vec = 1;
   int threads = 256;
 };
+// Whether `s` has a row-stats backward, and that backward as a schedule of its own (its
+// backward fields the row_stats_ ones, no resident kernel).
+inline bool has_row_stats_backward(const ShortWindowSchedule& s) {
+  return s.row_stats_tx > 0;
+}
+ShortWindowSchedule row_stats_backward(const ShortWindowSchedule& s);
+
 // Whether calls of `s` may take the wide forward (a module holds it only then).
 inline bool has_wide_forward(const ShortWindowSchedule& s) {
   return s.forward_wide_min_elements != kNoWideForward;
