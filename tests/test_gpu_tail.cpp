@@ -714,7 +714,8 @@ TEST_F(Gpu, TailRejectionsLeaveTheOutputUntouched) {
   device::synchronize(nullptr);
   EXPECT_EQ(tools::DeviceInputs::download(dev.grad_kv), grad_before);
   // pooled selects the row-stats form, which a tail with the Hadamard transform has not.
-  device::Buffer grad_w(128 * 4), pooled(static_cast<std::size_t>(p.total_comp) * 128 * 4);
+  device::Buffer grad_w(std::size_t{128} * 4),
+      pooled(static_cast<std::size_t>(p.total_comp) * 128 * 4);
   b.grad_norm_weight = grad_w.as<float>();
   b.pooled = pooled.as<float>();
   b.config.tail.hadamard = true;
