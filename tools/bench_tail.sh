@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The fused tail's forward and backward against the plain pooling kernels of the same shape,
 # one `csa bench` run per (shape, variant) on this GPU. A shape is R,C,D,PACK:TAIL with TAIL the
-# tail options joined by '+' ("norm+rope64+hadamard"). Prints kernel times and the ratio to the
+# tail options joined by '+' ("norm+rope64+hadamard"; "+pooled": the forward keeps the pooled
+# rows and the backward takes its row-stats form). Prints kernel times and the ratio to the
 # plain kernels (the default backward of each: grad_ape, and the tail's grad_w, in the
 # schedule's form, atomics in one launch where it takes them).
 # usage: tools/bench_tail.sh OUTDIR [BUILD_DIR] [SHAPE:TAIL ...]
@@ -27,10 +28,11 @@ for item in "${cases[@]}"; do
       rope*-half) n=${s#rope}; flags+=(--rope-dim "${n%-half}" --rope-half-split) ;;
       rope*) flags+=(--rope-dim "${s#rope}") ;;
       hadamard) flags+=(--hadamard) ;;
+      pooled) flags+=(--keep-pooled) ;;
       *) echo "unknown tail stage '$s' in $item" >&2; exit 2 ;;
     esac
   done
-  tag=${shape//[,x]/_}
+  tag=${shape//[,x]/_}_${tail//+/_}
   # NOTE: a failing shape is reported and the others still run.
   "$build/csa" bench --no-jit --direction fwd --direction bwd -s "$shape" \
     --save "$out/$tag-plain.json" >"$out/$tag-plain.txt" 2>&1 || echo "bench failed: $shape plain" >&2
@@ -45,12 +47,14 @@ for f in sorted(out.glob("*-plain.json")) + sorted(out.glob("*-tail.json")):
     tag, name = f.stem.rsplit("-", 1)
     for row in json.loads(f.read_text())["rows"]:
         runs[(tag, row["direction"], name)] = row
-print(f"{'shape':<22} {'dir':<4} {'tail':<24} {'plain us':>9} {'fused us':>9} {'x plain':>8} {'x floor':>8}")
+print(f"{'shape, tail':<42} {'dir':<4} {'tail':<24} {'plain us':>9} {'fused us':>9} {'x plain':>8} {'x floor':>8}")
 for tag, direction in sorted({(t, d) for t, d, _ in runs}):
     plain, tail = runs.get((tag, direction, "plain")), runs.get((tag, direction, "tail"))
     if not plain or not tail:
         continue
     label = tail["shape"].split(" tail=")[-1].split(",pack")[0]
-    print(f"{tag:<22} {direction:<4} {label:<24} {plain['kernel_us']:>9.2f} {tail['kernel_us']:>9.2f} "
+    if tag.endswith("_pooled"):
+        label += " pooled"
+    print(f"{tag:<42} {direction:<4} {label:<24} {plain['kernel_us']:>9.2f} {tail['kernel_us']:>9.2f} "
           f"{tail['kernel_us'] / plain['kernel_us']:>8.3f} {tail['ratio_to_floor']:>8.2f}")
 PY
