@@ -111,6 +111,12 @@ CSA_SHARED_FN int lane_ring_stage_elements(int element, int window, int lanes, i
   return (2 * (window + lanes) * cols + cols + chunk_elements(element) - 1) /
          chunk_elements(element) * chunk_elements(element);
 }
+// Whether a lanes-form backward with the ring (stages > 1) of `threads` threads holding
+// `window_values` window values each (slots a lane x vector width) fits 64 registers a thread,
+// two CTAs an SM: it then keeps ape in the ring's shared memory, and takes no row-stats tail.
+CSA_SHARED_FN bool lane_ring_tight_registers(int threads, int window_values) {
+  return threads > 256 && window_values <= 8;
+}
 // The staged form's tiles, in bytes: e[window][cols], red[3][chunks][cols] and col[4][cols] in
 // fp32, then kv[window][cols] in the element type.
 CSA_SHARED_FN int staged_window_bytes(int element, int window, int chunks, int cols) {

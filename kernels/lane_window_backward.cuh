@@ -198,7 +198,7 @@ struct LaneRing {
 
   // 512 threads with at most 8 window values a thread run two CTAs per SM (64 registers a
   // thread); with more values, one CTA per SM (128 registers), as 256 threads have.
-  static constexpr bool TIGHT_REGISTERS = THREADS > 256 && VEC* LW::C <= 8;
+  static constexpr bool TIGHT_REGISTERS = lane_ring_tight_registers(THREADS, VEC* LW::C);
 
   // This thread's slots of one staged row: s = score + ape (invalid slots: -inf), kv (invalid
   // slots and columns past head_dim were zero-filled), grad_out.
@@ -343,7 +343,13 @@ template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANE
 __global__ void __launch_bounds__(
     TX* LANES, BackwardCtasPerSm<IO, RATIO, COFF, HEAD_DIM, VEC, TX, LANES, STAGES>::value)
     lane_window_backward(const __grid_constant__ BackwardParams p) {
-  pdl_enter();
+  // The row-stats form waits only before its first row's scalars (tail_row_stats lets it in
+  // after its own wait).
+  if constexpr (IO::Store::kRowStats) {
+    pdl_launch_dependents();
+  } else {
+    pdl_enter();
+  }
   static_assert(STAGES >= 1 && STAGES <= 4, "stages");
   using LW = LaneWindow<RATIO, COFF, HEAD_DIM, VEC, LANES>;
   using Ring = LaneRing<IO, RATIO, COFF, HEAD_DIM, VEC, TX, LANES>;  // STAGES >= 2 only
@@ -360,9 +366,16 @@ __global__ void __launch_bounds__(
   // The tail (long_window_tail.cuh): each row's pooled-row gradient, from grad_y and the
   // forward's pooled row, replaces grad_out; this thread's grad_w terms over the rows, summed
   // as grad_ape is (partials, or added into grad_w, zeroed with grad_ape by the claimant).
+  // The row-stats form (IO::Store::kRowStats, LongRowStats): each thread's own columns instead.
   constexpr bool kTail = IO::Store::kCooperative;
+  constexpr bool kRowStats = IO::Store::kRowStats;
+  constexpr bool kGradW = (kTail || kRowStats) && IO::Store::kNorm;
+  // NOTE: the row-stats form's loads and grad_w terms spilled in the ring kernels of 64 registers
+  // a thread, wherever they were placed: the host takes the whole-row form there.
+  static_assert(!(kRowStats && STAGES > 1 && Ring::TIGHT_REGISTERS),
+                "no row-stats form in the ring kernels of 64 registers a thread");
   using Tail = LongTail<IO, RATIO, COFF, HEAD_DIM, THREADS>;
-  constexpr int kTailVec = kTail ? long_tail_vec(HEAD_DIM, THREADS) : 1;
+  constexpr int kTailVec = kTail ? long_tail_vec(HEAD_DIM, THREADS) : (kRowStats ? VEC : 1);
   [[maybe_unused]] __shared__ float sm_gx[kTail ? HEAD_DIM : 1];
   [[maybe_unused]] float dw[kTailVec];
 #pragma unroll
@@ -446,7 +459,7 @@ __global__ void __launch_bounds__(
   if (claims)
     claim_zero_if_first(claim_word, gridDim.x, claim, [&](int t, int threads) {
       zero_grad_ape_slice<RATIO, COFF, HEAD_DIM, COLS>(p, col0, t, threads);
-      if constexpr (IO::Store::kNorm) {
+      if constexpr (kGradW) {
         for (int c = col0 + t; c < col0 + COLS && c < HEAD_DIM; c += threads) p.grad_w[c] = 0.0f;
       }
     });
@@ -467,6 +480,8 @@ __global__ void __launch_bounds__(
   for (int row = static_cast<int>(row_begin); row < row_end; ++row, buf ^= 1, ++it) {
     const RowWindow w = STAGES == 2 ? fetched : L::locate(p, row);
     float s[LW::C][VEC], x[LW::C][VEC], g[VEC];
+    [[maybe_unused]]
+    typename LongRowStatsState<kRowStats, IO, RATIO, COFF, HEAD_DIM, VEC>::Row row_stats;
     if constexpr (STAGES > 1) {
       // Row `row + STAGES - 1` goes to the stage that row - 1 used: every thread finished
       // reading it before the previous row's second barrier.
@@ -483,10 +498,12 @@ __global__ void __launch_bounds__(
           prefetch_lane_window<IO, RATIO, COFF, HEAD_DIM, VEC, LANES>(p, static_cast<int>(further),
                                                                       col, lane);
       }
+      if constexpr (kRowStats) row_stats.issue(p, row, col, w.block, active);
       Ring::read(ring + (it % STAGES) * Ring::STAGE_ELEMS, ape_sm, ape, w, lane, s, x, g);
     } else {
       LaneLoads<IO, RATIO, COFF, HEAD_DIM, VEC, LANES> loads;
       loads.issue(p, w, row, col, lane, active);
+      if constexpr (kRowStats) row_stats.issue(p, row, col, w.block, active);
       loads.finish(ape, w, lane, s, x, g);
     }
     // The tail: this row's inputs (loaded a row ahead) and operands; the next row's loads.
@@ -511,6 +528,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int v = 0; v < VEC; ++v) g[v] = active ? sm_gx[col + v] : 0.0f;
     }
+    if constexpr (kRowStats) row_stats.apply(p, row, col, active, g, dw);
     // The threads of a column merge its lanes in one fixed order (ColumnLanes): identical M
     // and den in every thread of the column.
     float scale[VEC], S_part[VEC];
@@ -600,7 +618,15 @@ __global__ void __launch_bounds__(
       __syncthreads();
     }
     if (row_end <= row_begin) return;  // no rows: nothing to add
-    if constexpr (IO::Store::kNorm) Tail::template grad_w_out<true>(p.grad_w, col0, COLS, dw);
+    if constexpr (kTail && IO::Store::kNorm) {
+      Tail::template grad_w_out<true>(p.grad_w, col0, COLS, dw);
+    } else if constexpr (kGradW) {
+      // Every window lane holds the same terms: lane 0's are added.
+      if (lane == 0 && active) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) atomicAdd(p.grad_w + col + v, dw[v]);
+      }
+    }
     if (!active) return;
 #pragma unroll
     for (int j = 0; j < LW::C; ++j) {
@@ -612,11 +638,17 @@ __global__ void __launch_bounds__(
     return;
   }
   // The tail's grad_w partials follow grad_ape's in each row group's block.
-  constexpr long long kGroupFloats = RATIO * LW::W + (IO::Store::kNorm ? HEAD_DIM : 0);
-  if constexpr (IO::Store::kNorm)
-    Tail::template grad_w_out<false>(
-        p.workspace + static_cast<long long>(blockIdx.x) * kGroupFloats + RATIO * LW::W, col0, COLS,
-        dw);
+  constexpr long long kGroupFloats = RATIO * LW::W + (kGradW ? HEAD_DIM : 0);
+  [[maybe_unused]] float* const grad_w_partial =
+      p.workspace + static_cast<long long>(blockIdx.x) * kGroupFloats + RATIO * LW::W;
+  if constexpr (kTail && IO::Store::kNorm) {
+    Tail::template grad_w_out<false>(grad_w_partial, col0, COLS, dw);
+  } else if constexpr (kGradW) {
+    if (lane == 0 && active) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) grad_w_partial[col + v] = dw[v];
+    }
+  }
   if (!active) return;
   float* dst = p.workspace + static_cast<long long>(blockIdx.x) * kGroupFloats;
 #pragma unroll

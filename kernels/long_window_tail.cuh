@@ -8,7 +8,9 @@
 //             runs the tail's backward over it (the same op order as the short-window family),
 //             keeping the pooled row's gradient of its own columns in shared memory; its
 //             grad_w terms are the sum over its rows for its own columns (a partial, or added
-//             into grad_w as grad_ape is).
+//             into grad_w as grad_ape is);
+//   backward, row-stats form (LongRowStats): tail_row_stats first writes each row's scalars,
+//             then every thread of the backward runs the tail's backward of its own columns.
 #pragma once
 #include "long_window_common.cuh"
 namespace csa_kernel {
@@ -127,6 +129,42 @@ struct LongTail {
   }
 };
 
+// The tail backward's row-stats form in the lanes form (Store::kRowStats): each thread runs the
+// tail's backward of its own VEC columns of a row from grad_y (the window's loads bring it), the
+// forward's pooled values and the row's scalars that tail_row_stats wrote before this kernel, so
+// no column slice repeats the row's work and no barrier waits for it.
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC>
+struct LongRowStats {
+  using Tail = typename IO::Store;
+  using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
+  static_assert(Tail::kRowStats, "the row-stats form's I/O policy");
+  float x[VEC];
+  typename Tail::template Operands<VEC> op;
+  float2 stats;
+
+  // After the row's window loads are issued: the pooled values and the operands, then (after the
+  // programmatic wait, which only tail_row_stats's scalars need) the row's scalars.
+  __device__ __forceinline__ void issue(const BackwardParams& p, int row, int col, int block,
+                                        bool active) {
+    if (active) {
+      load_f32<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + col, x);
+      Tail::template read_operands<VEC, HEAD_DIM>(p, col, block, op);
+    }
+    pdl_wait();
+    if (active) stats = __ldg(reinterpret_cast<const float2*>(p.row_stats) + row);
+  }
+
+  // `g`: grad_y of this thread's columns on entry, the pooled row's gradient on return; the
+  // columns' grad_w terms added into `dw` (every window lane of a column alike: the kernel
+  // writes lane 0's).
+  __device__ __forceinline__ void apply(const BackwardParams& p, int row, int col, bool active,
+                                        float (&g)[VEC], float (&dw)[VEC]) const {
+    if (!active) return;
+    Tail::template backward_columns<typename IO::E, VEC, HEAD_DIM>(
+        IO::in(p.grad_out) + row * L::out_stride(p, p.grad_out_stride), col, op, stats, x, g, dw);
+  }
+};
+
 // LongTail's per-row state types where the kernel has a tail, empty ones where it has not (so
 // that a plain kernel never instantiates LongTail).
 template <bool ON, class LT>
@@ -134,10 +172,21 @@ struct LongTailState {
   struct Row {};
   struct Operands {};
 };
+
 template <class LT>
 struct LongTailState<true, LT> {
   using Row = typename LT::RowInputs;
   using Operands = typename LT::Tail::template Operands<LT::VEC>;
+};
+
+// LongRowStats where the kernel takes the row-stats form, an empty type elsewhere.
+template <bool ON, class IO, int RATIO, int COFF, int HEAD_DIM, int VEC>
+struct LongRowStatsState {
+  struct Row {};
+};
+template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC>
+struct LongRowStatsState<true, IO, RATIO, COFF, HEAD_DIM, VEC> {
+  using Row = LongRowStats<IO, RATIO, COFF, HEAD_DIM, VEC>;
 };
 
 }  // namespace csa_kernel

@@ -116,6 +116,14 @@ CUresult CUDAAPI fake_launch(const CUlaunchConfig* config, CUfunction f, void** 
       config->numAttrs == 1 &&
       config->attrs[0].id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION &&
       config->attrs[0].value.programmaticStreamSerializationAllowed == 1;
+  const std::string& name = state().launched.back();
+  if (name.find("window_backward") != std::string::npos ||
+      name.find("tail_row_stats") != std::string::npos) {
+    const auto* p = static_cast<const csa_kernel::BackwardParams*>(params[0]);
+    state().backward_launches.push_back({name, reinterpret_cast<std::uintptr_t>(p->row_stats),
+                                         reinterpret_cast<std::uintptr_t>(p->workspace),
+                                         state().last_programmatic});
+  }
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI fake_get_id(unsigned long long* id) {

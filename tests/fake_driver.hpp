@@ -42,6 +42,15 @@ struct FakeState {
   // Every grad_ape reduction launch's ApeReduceParams::dependents_first, with its grid.
   std::vector<int> reduce_dependents_first;
   std::vector<std::vector<unsigned>> reduce_grids;
+  // Every launch of a kernel taking BackwardParams (a backward, tail_row_stats): its
+  // row_stats and workspace pointers and whether it asked for programmatic serialization.
+  struct BackwardLaunch {
+    std::string kernel;
+    std::uintptr_t row_stats = 0;
+    std::uintptr_t workspace = 0;
+    bool programmatic = false;
+  };
+  std::vector<BackwardLaunch> backward_launches;
 };
 FakeState& state();
 
@@ -93,6 +102,7 @@ class FakeDriver : public ::testing::Test {
     state().launched.clear();
     state().reduce_dependents_first.clear();
     state().reduce_grids.clear();
+    state().backward_launches.clear();
   }
 };
 

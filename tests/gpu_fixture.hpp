@@ -16,6 +16,12 @@ namespace csa::test {
 inline Runtime* g_runtime = nullptr;
 inline std::string g_skip;
 
+// The current device's arch as the schedule tables name it ("sm_90").
+inline std::string device_arch() {
+  const DeviceInfo d = device::current_device();
+  return "sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
+}
+
 struct Pack {
   const char* name;
   std::vector<std::int32_t> lens;

@@ -3,6 +3,8 @@
 // aside by prewarm), and the fixed-order reductions' grids.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <mutex>
 #include <string>
@@ -158,6 +160,56 @@ TEST_F(FakeDriver, WideShortWindowTailBackwardTakesTheFixedOrder) {
   ASSERT_EQ(l.size(), 2u);
   EXPECT_NE(l[0].find("short_window_backward"), std::string::npos) << l[0];
   EXPECT_NE(l[1].find("ape_reduce"), std::string::npos) << l[1];
+}
+
+// A long-window tail backward whose bucket takes the row-stats form: tail_row_stats first (a warp
+// a row), then the row-stats backward, both programmatic and with the row scalars at one place:
+// the stream's workspace, after the fixed order's partials when deterministic (then the
+// reduction follows).
+TEST_F(FakeDriver, LongWindowRowStatsBackwardWritesTheRowScalarsFirst) {
+  Config c{128, 512, 1};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  FakeRuntime rt;
+  rt.service.set_schedule_table(schedule::parse_schedule_table(
+      R"({"schema_version": 1, "arch": "sm_90", "entries": [{"family": "long_window",
+          "direction": "backward", "coff": 1, "head_dim": [512, 512], "ratio": [128, 128],
+          "tail": "norm+rope64", "buckets": [{"max_rows": null, "vec": 1, "cols": 64,
+          "threads": 512, "stages": 3, "serial": false, "fast_exp": true, "rows_per_cta": 0,
+          "grad_ape": "atomic", "tail_backward": "row_stats"}]}]})",
+      "row-stats table"));
+  const BackwardArgs a = backward_args(c);
+  ASSERT_EQ(a.total_comp, 64);
+  for (const std::uint32_t flags : {0U, static_cast<std::uint32_t>(kDeterministic)}) {
+    SCOPED_TRACE(flags == 0 ? "atomic" : "deterministic");
+    SetUp();
+    BackwardArgs call = a;
+    call.flags = flags;
+    rt.service.backward(call, kStream, Family::kAuto);
+    std::lock_guard<std::mutex> lock(state().mutex);
+    const auto& l = state().launched;
+    ASSERT_EQ(l.size(), flags == 0 ? 2U : 3U);
+    EXPECT_NE(l[0].find("tail_row_stats"), std::string::npos) << l[0];
+    EXPECT_EQ(state().grids[0][0], 8U);  // 64 rows, 8 warps a CTA
+    EXPECT_EQ(state().grids[0][2], static_cast<unsigned>(compressor::kRowStatsThreads));
+    EXPECT_NE(l[1].find("lane_window_backward"), std::string::npos) << l[1];
+    const std::string policy = fmt::format(
+        "IoILi0ELi0ELi{}E",
+        csa_kernel::tail_row_stats_code(csa_kernel::tail_epilogue(true, true, 64, true, false)));
+    EXPECT_NE(l[0].find(policy), std::string::npos) << l[0];
+    EXPECT_NE(l[1].find(policy), std::string::npos) << l[1];
+    const auto& b = state().backward_launches;
+    ASSERT_EQ(b.size(), 2U);
+    EXPECT_NE(b[0].row_stats, 0U);
+    EXPECT_EQ(b[1].row_stats, b[0].row_stats);
+    EXPECT_TRUE(b[0].programmatic && b[1].programmatic);
+    if (flags == 0) continue;
+    EXPECT_NE(l[2].find("ape_reduce"), std::string::npos) << l[2];
+    // The row scalars follow the partials: one block of grad_ape's and grad_w's a row group.
+    const std::uintptr_t partials =
+        static_cast<std::uintptr_t>(state().grids[1][0]) * (128 * 512 + 512) * sizeof(float);
+    EXPECT_EQ(b[1].row_stats, b[1].workspace + partials);
+  }
 }
 
 // Prewarm (and a plan's prepare) on the current context's device sets aside claim words, so

@@ -17,11 +17,6 @@ namespace {
 constexpr std::int64_t kLongExtraRows = 8;
 constexpr std::int64_t kLongExtraTokens = 37;
 
-std::string device_arch() {
-  const DeviceInfo d = device::current_device();
-  return "sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor);
-}
-
 bool bitwise_contract(const Config& c, Direction d, std::int64_t rows) {
   return g_runtime->select_schedule(c, d, rows, device_arch()).contract == "bitwise";
 }

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <cstring>
 #include <tuple>
 
@@ -537,6 +539,50 @@ TEST_P(GpuTail, RowStatsBackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
     EXPECT_TRUE(broken.empty()) << broken;
   }
   check_backward(c, true);
+}
+
+// The device's schedule table with one entry ahead of the others, in g_runtime while it lives.
+class LeadingScheduleEntry {
+ public:
+  explicit LeadingScheduleEntry(const std::string& entry)
+      : saved_(g_runtime->schedule_table_json(device_arch())) {
+    std::string table = saved_;
+    const std::string entries = "\"entries\": [";
+    const auto at = table.find(entries);
+    if (at == std::string::npos) throw std::runtime_error("the device's table has no entries");
+    table.insert(at + entries.size(), entry + ",");
+    g_runtime->set_schedule_table(table, "test entry");
+  }
+  ~LeadingScheduleEntry() { g_runtime->set_schedule_table(saved_, "restored"); }
+  LeadingScheduleEntry(const LeadingScheduleEntry&) = delete;
+  LeadingScheduleEntry& operator=(const LeadingScheduleEntry&) = delete;
+
+ private:
+  std::string saved_;
+};
+
+// Long-window tails with the norm and without the Hadamard transform: the backward's row-stats
+// form, which a schedule table's backward bucket names, meets the same contract, with windows
+// loaded into registers and through the shared-memory ring.
+TEST_P(GpuTail, LongWindowRowStatsBackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  const TailCase& c = GetParam();
+  const Config config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail};
+  if (!keeps_pooled_rows(config) || !c.tail.norm || c.tail.hadamard)
+    GTEST_SKIP() << "no long-window row-stats form";
+  for (const char* bucket : {R"("vec": 1, "cols": 32, "threads": 256, "stages": 1)",
+                             R"("vec": 2, "cols": 64, "threads": 512, "stages": 3)"}) {
+    SCOPED_TRACE(bucket);
+    const LeadingScheduleEntry entry(fmt::format(
+        R"({{"family": "long_window", "direction": "backward", "coff": {}, "head_dim": [{}, {}],
+            "ratio": [{}, {}], "tail": "{}", "buckets": [{{"max_rows": null, {},
+            "serial": false, "fast_exp": true, "rows_per_cta": 0, "grad_ape": "atomic",
+            "tail_backward": "row_stats"}}]}})",
+        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), bucket));
+    const std::string chosen =
+        g_runtime->select_schedule(config, Direction::kBackward, 64, device_arch()).schedule;
+    ASSERT_NE(chosen.find("tail_backward=row_stats"), std::string::npos) << chosen;
+    check_backward(c, false);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tails, GpuTail, ::testing::ValuesIn(all_cases()),

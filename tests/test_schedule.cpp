@@ -1,5 +1,6 @@
 // Short-window schedule rules and the backward grid.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include "compressor/grad_ape_policy.hpp"
 #include "common/error.hpp"
@@ -561,6 +562,82 @@ TEST(KernelTemplates, ModulesNameEveryKernelTheirLaunchesTake) {
             -1);  // another layout's kernel is not in it
   for (int slot : lw.slots.long_window.ape_reduce_quads) EXPECT_GE(slot, 0);
   EXPECT_GE(lw.slots.long_window.ape_reduce, 0);
+}
+
+// The long-window tail backward's row-stats form is a field of backward buckets: parsed and
+// written back, named in the schedule, kept by fitting only where it applies (a lanes-form
+// backward of a tail with the norm and without the Hadamard transform), and compiled with its
+// own I/O policy beside tail_row_stats.
+TEST(ScheduleTable, TheLongWindowTailBackwardTakesTheRowStatsFormByTable) {
+  auto bucket = [](const std::string& field) {
+    return R"({"max_rows": null, "vec": 1, "cols": 64, "threads": 512, "stages": 3,
+               "serial": false, "fast_exp": true, "grad_ape": "atomic")" +
+           field + "}";
+  };
+  const auto t = schedule::parse_schedule_table(
+      table_text(bucket(R"(, "tail_backward": "row_stats")")), "t.json");
+  const schedule::LongWindowSchedule rows = t.entries.at(0).buckets.at(0).schedule;
+  EXPECT_TRUE(rows.row_stats);
+  EXPECT_NE(rows.describe().find("tail_backward=row_stats"), std::string::npos);
+  EXPECT_FALSE(schedule::parse_schedule_table(
+                   table_text(bucket(R"(, "tail_backward": "whole_rows")")), "t.json")
+                   .entries.at(0)
+                   .buckets.at(0)
+                   .schedule.row_stats);
+  const auto again = schedule::parse_schedule_table(schedule::to_json(t), "round trip");
+  EXPECT_TRUE(again.entries.at(0).buckets.at(0).schedule.row_stats);
+  for (const char* form : {"\"rows\"", "true", "1"})
+    expect_rejected(table_text(bucket(std::string(R"(, "tail_backward": )") + form)),
+                    "entries[0].buckets[0].tail_backward");
+  expect_rejected(table_text(R"({"max_rows": null, "form": "staged", "vec": 1, "cols": 64,
+                                 "threads": 512, "serial": false, "fast_exp": false,
+                                 "tail_backward": "row_stats"})"),
+                  "the staged form runs no tail");
+  std::string forward = table_text(bucket(R"(, "tail_backward": "row_stats")"));
+  forward.replace(forward.find("\"backward\""), 10, "\"forward\"");
+  expect_rejected(forward, "unknown field");
+
+  Config c{128, 512, 1};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  const auto bwd = Direction::kBackward;
+  EXPECT_TRUE(schedule::fit_long_window(c, rows, "sm_90", bwd).row_stats);
+  EXPECT_FALSE(schedule::fit_long_window(c, rows, "sm_90", Direction::kForward).row_stats);
+  Config hadamard = c;
+  hadamard.tail.hadamard = true;
+  EXPECT_FALSE(schedule::fit_long_window(hadamard, rows, "sm_90", bwd).row_stats);
+  Config rope_only = c;
+  rope_only.tail.norm = false;
+  EXPECT_FALSE(schedule::fit_long_window(rope_only, rows, "sm_90", bwd).row_stats);
+  EXPECT_FALSE(schedule::fit_long_window(Config{128, 512, 1}, rows, "sm_90", bwd).row_stats);
+  // A row-stats kernel is another kernel than its whole-row twin.
+  schedule::LongWindowSchedule whole = rows;
+  whole.row_stats = false;
+  const auto fitted = schedule::fit_long_window(c, rows, "sm_90", bwd);
+  EXPECT_FALSE(fitted.same_kernel(schedule::fit_long_window(c, whole, "sm_90", bwd)));
+
+  // The module: the row-stats backward under its I/O policy and tail_row_stats beside it; none
+  // where no bucket takes the form.
+  const auto set = schedule::ScheduleSet::embedded();
+  const auto fwd = set.kernels(c, Direction::kForward, "sm_90");
+  const int layout = csa_kernel::kLayoutThdPacked;
+  const auto module = compressor::make_long_window_spec(c, layout, fwd, {fitted}, "sm_90", {});
+  const auto& names = module.request.name_expressions;
+  const int slot = compressor::long_window_slot(module, c, layout, fitted, bwd);
+  ASSERT_GE(slot, 0);
+  ASSERT_GE(module.slots.long_window.row_stats, 0);
+  const std::string policy = fmt::format(
+      "csa_kernel::Io<0,0,{}>",
+      csa_kernel::tail_row_stats_code(csa_kernel::tail_epilogue(true, true, 64, true, false)));
+  EXPECT_NE(names[static_cast<std::size_t>(slot)].find(policy), std::string::npos)
+      << names[static_cast<std::size_t>(slot)];
+  EXPECT_NE(names[static_cast<std::size_t>(module.slots.long_window.row_stats)].find(
+                "tail_row_stats<" + policy),
+            std::string::npos);
+  const auto whole_module = compressor::make_long_window_spec(
+      c, layout, fwd, {schedule::fit_long_window(c, whole, "sm_90", bwd)}, "sm_90", {});
+  EXPECT_EQ(whole_module.slots.long_window.row_stats, -1);
+  EXPECT_EQ(compressor::long_window_slot(whole_module, c, layout, fitted, bwd), -1);
 }
 
 TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward) {

@@ -100,6 +100,12 @@ std::string shape_args(const Config& c, int kernel_layout) {
   return fmt::format("{},{},{},{}", io_policy(c, kernel_layout), c.ratio, c.coff, c.head_dim);
 }
 
+// The same with the I/O policy of the tail backward's row-stats form.
+std::string row_stats_shape_args(const Config& c, int kernel_layout) {
+  return fmt::format("{},{},{},{}", row_stats_io_policy(c, kernel_layout), c.ratio, c.coff,
+                     c.head_dim);
+}
+
 ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::string& label,
                   const std::string& arch, const CompileOptions& options) {
   auto& req = spec.request;
@@ -114,17 +120,21 @@ ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::strin
   return spec;
 }
 
-// The kernel of a long-window schedule: the staged form's, or the lanes form's of its direction.
-int add_long_window_kernel(ModuleBuilder& m, const schedule::LongWindowSchedule& s,
-                           Direction direction) {
+// The kernel of a long-window schedule: the staged form's, or the lanes form's of its direction
+// (a backward in the tail's row-stats form with that form's I/O policy).
+int add_long_window_kernel(ModuleBuilder& m, const Config& c, int kernel_layout,
+                           const schedule::LongWindowSchedule& s, Direction direction) {
   if (s.staged) {
     const auto& t =
         direction == Direction::kForward ? kt::kLongWindowForward : kt::kLongWindowBackward;
     return m.add(t, s.vec, s.cols, s.threads, s.serial, s.fast_exp);
   }
   if (direction == Direction::kBackward) {
-    return m.add(kt::kLaneWindowBackward, s.vec, s.cols / s.vec, s.window_lanes(), s.stages,
-                 s.fast_exp, s.atomic_ape);
+    if (s.row_stats) m.set_shape(row_stats_shape_args(c, kernel_layout));
+    const int slot = m.add(kt::kLaneWindowBackward, s.vec, s.cols / s.vec, s.window_lanes(),
+                           s.stages, s.fast_exp, s.atomic_ape);
+    m.set_shape(shape_args(c, kernel_layout));
+    return slot;
   }
   return m.add(kt::kLaneWindowForward, s.vec, s.cols / s.vec, s.window_lanes(), s.serial,
                s.fast_exp);
@@ -180,8 +190,7 @@ ModuleSpec make_module_spec(const Config& c, int kernel_layout, Family family,
         // the row-stats I/O policy (and the reduction of its rule's lanes).
         const auto rs = schedule::row_stats_backward(s);
         slots.row_stats = m.add(kt::kTailRowStats, kRowStatsThreads);
-        m.set_shape(fmt::format("{},{},{},{}", row_stats_io_policy(c, kernel_layout), c.ratio,
-                                c.coff, c.head_dim));
+        m.set_shape(row_stats_shape_args(c, kernel_layout));
         auto row_stats_backward = [&](bool fixed_order) {
           return m.add_resident(kt::kShortWindowBackward, rs.backward_tx * rs.backward_ty,
                                 rs.backward_min_ctas, rs.backward_vec, rs.backward_tx,
@@ -220,9 +229,16 @@ ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
                                  const std::string& arch, const CompileOptions& options) {
   ModuleSpec spec;
   ModuleBuilder m(shape_args(c, kernel_layout));
-  for (const auto& f : forward) add_long_window_kernel(m, f, Direction::kForward);
-  for (const auto& b : backward) add_long_window_kernel(m, b, Direction::kBackward);
+  for (const auto& f : forward) add_long_window_kernel(m, c, kernel_layout, f, Direction::kForward);
+  for (const auto& b : backward)
+    add_long_window_kernel(m, c, kernel_layout, b, Direction::kBackward);
   auto& slots = spec.slots.long_window;
+  if (std::any_of(backward.begin(), backward.end(),
+                  [](const schedule::LongWindowSchedule& b) { return b.row_stats; })) {
+    m.set_shape(row_stats_shape_args(c, kernel_layout));
+    slots.row_stats = m.add(kt::kTailRowStats, kRowStatsThreads);
+    m.set_shape(shape_args(c, kernel_layout));
+  }
   slots.ape_reduce = m.add(kt::kApeReduce, kApeReduceLanes);
   // The tail's reduction also writes grad_w: the scalar one (backward_long).
   if (!c.tail.any() && (static_cast<long long>(c.ratio) * c.coff * c.head_dim) % 4 == 0) {
@@ -238,7 +254,7 @@ ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
 int long_window_slot(const ModuleSpec& spec, const Config& c, int kernel_layout,
                      const schedule::LongWindowSchedule& s, Direction direction) {
   ModuleBuilder one(shape_args(c, kernel_layout));
-  add_long_window_kernel(one, s, direction);
+  add_long_window_kernel(one, c, kernel_layout, s, direction);
   const auto& names = spec.request.name_expressions;
   const auto it = std::find(names.begin(), names.end(), one.names().front());
   return it == names.end() ? -1 : static_cast<int>(it - names.begin());

@@ -51,6 +51,8 @@ struct ReferenceSlots {
 // 16-byte one at each of kApeReduceQuadLanes.
 struct LongWindowSlots {
   int ape_reduce = -1;
+  // tail_row_stats, where a backward bucket takes the tail's row-stats form.
+  int row_stats = -1;
   std::array<int, kApeReduceQuadLanes.size()> ape_reduce_quads = {-1, -1};
 };
 struct KernelSlots {

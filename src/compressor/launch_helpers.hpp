@@ -98,6 +98,18 @@ inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArg
   params.grad_w = a.grad_norm_weight;
 }
 
+// The tail backward's row-stats form, its first kernel (kernels/tail_row_stats.cuh): a warp per
+// pooled row writes the row's norm scalars to params.row_stats.
+inline void launch_row_stats(const driver::Driver& d, CUkernel kernel,
+                             const csa_kernel::BackwardParams& params, std::int64_t rows,
+                             int threads, bool programmatic, CUstream stream) {
+  launch::LaunchShape shape;
+  shape.grid_x = blocks_for(rows, static_cast<unsigned>(threads / 32));
+  shape.block_x = static_cast<unsigned>(threads);
+  shape.programmatic = programmatic;
+  launch::launch(d, kernel, shape, params, stream, "row-stats launch");
+}
+
 // The CTA of a grad_ape reduction kernel: `columns` x `lanes` threads, each thread summing
 // `per_thread` consecutive elements over its lane's groups (ape_reduce<LANES>: 32 columns, 1
 // element; ape_reduce_quads<LANES>: 256 / LANES columns, 4 elements).

@@ -16,6 +16,7 @@ using detail::fill_gradients;
 using detail::fill_inputs;
 using detail::fill_output;
 using detail::launch_ape_reduce;
+using detail::launch_row_stats;
 using detail::StreamScratch;
 
 ModuleSpec Service::long_window_spec(const Config& config, int kernel_layout,
@@ -179,6 +180,26 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   shape.grid_x = static_cast<unsigned>(grid.row_groups);
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
   set_block(shape, b, p.programmatic);
+  // The stream's workspace: the fixed order's partials (the tail's grad_w partials after
+  // grad_ape's in each row group's block), then the row-stats form's row scalars.
+  const std::int64_t grad_w_elems = c.tail.norm ? c.head_dim : 0;
+  const std::int64_t partial_floats = atomic ? 0 : grid.row_groups * (ape_elems + grad_w_elems);
+  const bool row_stats = b.schedule.row_stats && a.total_comp > 0;
+  const std::int64_t stats_floats = row_stats ? a.total_comp * csa_kernel::kTailRowStatsFloats : 0;
+  const auto workspace_bytes =
+      static_cast<std::size_t>(partial_floats + stats_floats) * sizeof(float);
+  CUdeviceptr workspace = 0;
+  std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
+  if (workspace_bytes > 0) {
+    workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
+    if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
+  }
+  if (row_stats) {
+    // The tail's row-stats form (kernels/tail_row_stats.cuh): each row's norm scalars first.
+    params.row_stats = device_ptr<float>(workspace) + partial_floats;
+    launch_row_stats(d, p.kernel(p.slots.long_window.row_stats), params, a.total_comp,
+                     kRowStatsThreads, p.programmatic, stream);
+  }
   if (atomic) {  // one launch adding into grad_ape; the claim words are per column slice (y)
     // Claim words: the stream's, or under capture the call's own; without any left (captured
     // calls only), a memset of grad_ape goes first (prepare_atomic_grad_ape).
@@ -189,14 +210,6 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
     launch::launch(d, p.kernel(b.slot), shape, params, stream, "long-window backward launch");
     return;
   }
-  // The tail's grad_w partials follow grad_ape's in each row group's block.
-  const std::int64_t grad_w_elems = c.tail.norm ? c.head_dim : 0;
-  const std::size_t workspace_bytes = static_cast<std::size_t>(grid.row_groups) *
-                                      static_cast<std::size_t>(ape_elems + grad_w_elems) *
-                                      sizeof(float);
-  CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
-  std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
-  if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
   params.workspace = device_ptr<float>(workspace);
   launch::launch(d, p.kernel(b.fixed_slot), shape, params, stream, "long-window backward launch");
   // The fewest lanes of the 16-byte reduction that leave each at most 8 groups (256-thread

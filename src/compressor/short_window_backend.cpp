@@ -19,6 +19,7 @@ using detail::fill_gradients;
 using detail::fill_inputs;
 using detail::fill_output;
 using detail::launch_ape_reduce;
+using detail::launch_row_stats;
 using detail::StreamScratch;
 
 namespace {
@@ -153,11 +154,8 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   if (row_stats) {
     params.pooled = a.pooled;
     params.row_stats = device_ptr<float>(workspace) + partial_floats;
-    launch::LaunchShape stats;
-    stats.grid_x = blocks_for(a.total_comp, kRowStatsThreads / 32);
-    stats.block_x = kRowStatsThreads;
-    stats.programmatic = p.programmatic;
-    launch::launch(d, p.kernel(slots.row_stats), stats, params, stream, "row-stats launch");
+    launch_row_stats(d, p.kernel(slots.row_stats), params, a.total_comp, kRowStatsThreads,
+                     p.programmatic, stream);
   }
   if (!fixed_order) {
     prepare_atomic_grad_ape(params, a, ape_elems, words, stream);

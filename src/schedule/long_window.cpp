@@ -13,9 +13,10 @@ namespace csa::schedule {
 std::string LongWindowSchedule::describe() const {
   return fmt::format(
       "form={} vec={} cols={} threads={} serial={} fast_exp={} stages={} rows_per_cta={} "
-      "grad_ape={}",
+      "grad_ape={}{}",
       staged ? "staged" : "lanes", vec, cols, threads, serial ? 1 : 0, fast_exp ? 1 : 0, stages,
-      rows_per_cta, atomic_ape ? "atomic" : "fixed_order");
+      rows_per_cta, atomic_ape ? "atomic" : "fixed_order",
+      row_stats ? " tail_backward=row_stats" : "");
 }
 
 bool LongWindowSchedule::same_kernel(const LongWindowSchedule& o) const {
@@ -25,7 +26,7 @@ bool LongWindowSchedule::same_kernel(const LongWindowSchedule& o) const {
   // The lanes-form backward compiles its ring stages and grad_ape mode; the other forms the
   // serial order.
   if (!staged && kernel_direction == Direction::kBackward)
-    return stages == o.stages && atomic_ape == o.atomic_ape;
+    return stages == o.stages && atomic_ape == o.atomic_ape && row_stats == o.row_stats;
   return serial == o.serial;
 }
 
@@ -39,7 +40,8 @@ int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
     // LaneRing::APE_FLOATS: with 64 registers a thread (above 256 threads, at most 8 window
     // values a thread), each thread's ape values (C slots x vec).
     const int values = s.window_values(win);
-    const int ape_floats = s.threads > 256 && values <= 8 ? values * s.threads : 0;
+    const int ape_floats =
+        csa_kernel::lane_ring_tight_registers(s.threads, values) ? values * s.threads : 0;
     return s.stages * stage_elems * csa_kernel::element_bytes(element) + ape_floats * 4;
   }
   return csa_kernel::staged_window_bytes(element, win, s.threads / s.cols, s.cols);
@@ -80,6 +82,8 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   if (direction == Direction::kBackward) s.serial = false;
   if (direction == Direction::kForward) s.atomic_ape = false;
   if (direction == Direction::kForward) s.stages = 1;
+  // The row-stats form: a lanes-form backward of a tail with the norm, without the Hadamard.
+  if (direction == Direction::kForward || !c.tail.norm || c.tail.hadamard) s.row_stats = false;
   if (s.serial) s.fast_exp = false;
   const int win = c.coff * c.ratio;
   // per column: the serial forward's window of e, padded by 4 floats (kSerialPad)
@@ -111,14 +115,18 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // memory (24 B per thread and column, above) and the ring share the arch's limit.
   const int chunk = csa_kernel::chunk_elements(static_cast<int>(c.dtype));
   if (c.head_dim % chunk != 0 || s.cols < chunk) s.stages = 1;
+  // The ring kernels of 64 registers a thread have none left for the row-stats form.
+  if (s.stages > 1 && csa_kernel::lane_ring_tight_registers(s.threads, values()))
+    s.row_stats = false;
   // The tail's static shared memory: its rows (at most 8 floats a thread), the row sums and,
-  // backward, the pooled row's gradient.
-  const int tail_bytes = c.tail.any() ? s.threads * 8 * 4 + c.head_dim * 4 + 256 : 0;
+  // backward, the pooled row's gradient (none in the row-stats form).
+  const int tail_bytes =
+      c.tail.any() && !s.row_stats ? s.threads * 8 * 4 + c.head_dim * 4 + 256 : 0;
   const int static_bytes = s.threads * s.vec * smem_per_value + tail_bytes;
   while (s.stages > 1 &&
          static_bytes + long_window_shared_bytes(c, s) > shared_limit_for_arch(arch))
     --s.stages;
-  if (c.tail.any() && csa_kernel::long_tail_vec(c.head_dim, s.threads) == 0) {
+  if (c.tail.any() && !s.row_stats && csa_kernel::long_tail_vec(c.head_dim, s.threads) == 0) {
     fail(Status::kUnsupported,
          "the tail's long-window {} schedule ({}) has {} threads, too few for head_dim {} "
          "(whole rows of at most 8 columns a thread)",

@@ -29,6 +29,11 @@ struct LongWindowSchedule {
   // itself (lanes form only). Compile-time: an atomic bucket also compiles its fixed-order
   // twin, which calls in deterministic mode take.
   bool atomic_ape = false;
+  // Backward of a tail with the norm and without the Hadamard transform (lanes form): true, the
+  // row-stats form (kernels/tail_row_stats.cuh first writes each row's norm scalars, then every
+  // thread runs the tail's backward of its own columns); false, every CTA runs each of its rows'
+  // whole tail (kernels/long_window_tail.cuh). Dropped by fit_long_window where it does not apply.
+  bool row_stats = false;
   // Launch-only (editing it never invalidates a cubin).
   int rows_per_cta = 0;  // backward rows per CTA; 0: as many row groups as fill one wave
   // Set by fit_long_window: the lanes form's template arguments differ per direction.

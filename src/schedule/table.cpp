@@ -107,7 +107,7 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
   if (direction == Direction::kBackward) {
     reject_unknown(b, path,
                    {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp", "stages",
-                    "rows_per_cta", "grad_ape"});
+                    "rows_per_cta", "grad_ape", "tail_backward"});
   } else {
     reject_unknown(b, path, {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp"});
   }
@@ -156,6 +156,16 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
     }
     if (s.atomic_ape && s.staged)
       (path / "grad_ape").fail("the staged form has no atomic grad_ape: must be \"fixed_order\"");
+  }
+  if (direction == Direction::kBackward && b.contains("tail_backward")) {
+    const json& form = b["tail_backward"];
+    if (form == "row_stats") {
+      s.row_stats = true;
+    } else if (form != "whole_rows") {
+      (path / "tail_backward").fail("must be \"whole_rows\" or \"row_stats\"");
+    }
+    if (s.row_stats && s.staged)
+      (path / "tail_backward").fail("the staged form runs no tail: must be \"whole_rows\"");
   }
   return out;
 }
@@ -351,6 +361,7 @@ std::string to_json(const ScheduleTable& t) {
         jb["stages"] = b.schedule.stages;
         jb["rows_per_cta"] = b.schedule.rows_per_cta;
         jb["grad_ape"] = b.schedule.atomic_ape ? "atomic" : "fixed_order";
+        if (b.schedule.row_stats) jb["tail_backward"] = "row_stats";
       }
       je["buckets"].push_back(jb);
     }
