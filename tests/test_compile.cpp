@@ -17,6 +17,7 @@
 #include "compressor/register_fit.hpp"
 #include "csa_params.h"
 #include "nvrtc/compiler.hpp"
+#include "schedule/long_window.hpp"
 #include "test_util.hpp"
 #include "tune_plan.hpp"
 
@@ -238,6 +239,42 @@ TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
     EXPECT_EQ(local_memory_failure(what, r), "");
     EXPECT_EQ(r.ptxas_log.find("warning"), std::string::npos) << what << "\n" << r.ptxas_log;
   }
+}
+
+// The production long-window tail's backward candidates in the row-stats form (those that keep
+// it once fitted: not the ring kernels of 64 registers a thread) compile with no local memory.
+TEST(NvrtcCompile, EveryRowStatsTunerCandidateWithoutLocalMemory) {
+  Config c{128, 512, 1};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const auto& candidate : tools::tune_candidates(c, Direction::kBackward)) {
+    const nlohmann::json& b = candidate.bucket;
+    if (!b.contains("tail_backward")) continue;
+    schedule::LongWindowSchedule s;
+    s.vec = b["vec"];
+    s.cols = b["cols"];
+    s.threads = b["threads"];
+    s.stages = b["stages"];
+    s.fast_exp = b["fast_exp"];
+    s.atomic_ape = b["grad_ape"] == "atomic";
+    s.row_stats = true;
+    if (schedule::fit_long_window(c, s, "sm_90", Direction::kBackward).row_stats)
+      buckets.push_back(b);
+  }
+  ASSERT_GE(buckets.size(), 20U);
+  for (std::size_t i = 0; i < buckets.size(); ++i)
+    buckets[i]["max_rows"] = i + 1 < buckets.size() ? nlohmann::json(i + 1) : nlohmann::json();
+  const nlohmann::json table = {{"schema_version", 1},
+                                {"arch", "sm_90"},
+                                {"entries", {tools::make_entry(c, Direction::kBackward, buckets)}}};
+  RuntimeOptions o;
+  o.disk_cache = false;
+  Runtime rt(o);
+  rt.set_schedule_table(table.dump(), "row-stats tuner candidates");
+  const PrewarmReport r = rt.compile_for_arch(c, "sm_90");
+  EXPECT_EQ(local_memory_failure("row-stats tuner candidates sm_90 128,1,512 norm+rope64", r), "");
+  EXPECT_EQ(r.ptxas_log.find("warning"), std::string::npos) << r.ptxas_log;
 }
 
 // The short-window module of `c` for `arch` (THD-packed unless named), as the library

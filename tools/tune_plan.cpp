@@ -23,17 +23,19 @@ std::vector<Candidate> first_of_each_name(const std::vector<Candidate>& candidat
 }
 
 Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d,
-                int stages = 1, bool atomic_ape = false) {
+                int stages = 1, bool atomic_ape = false, bool row_stats = false) {
   Candidate c;
-  c.name = fmt::format(
-      "lanes-{} v{} c{} t{}{}{}", serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec,
-      cols, threads, stages > 1 ? fmt::format(" s{}", stages) : "", atomic_ape ? " atomic" : "");
+  c.name = fmt::format("lanes-{} v{} c{} t{}{}{}{}",
+                       serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec, cols,
+                       threads, stages > 1 ? fmt::format(" s{}", stages) : "",
+                       atomic_ape ? " atomic" : "", row_stats ? " row-stats" : "");
   c.bucket = {{"form", "lanes"},    {"vec", vec},       {"cols", cols},
               {"threads", threads}, {"serial", serial}, {"fast_exp", fast_exp}};
   if (d == Direction::kBackward) {
     c.bucket["stages"] = stages;
     c.bucket["rows_per_cta"] = 0;
     c.bucket["grad_ape"] = atomic_ape ? "atomic" : "fixed_order";
+    if (row_stats) c.bucket["tail_backward"] = "row_stats";
   }
   c.bitwise = serial && !fast_exp;
   return c;
@@ -76,6 +78,18 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
             }
     }
     out.push_back(lanes(1, 16, 256, false, false, direction));
+    // A tail with the norm and without the Hadamard transform: each chunked-fast kernel also in
+    // the tail backward's row-stats form.
+    if (config.tail.norm && !config.tail.hadamard) {
+      const std::size_t whole_rows = out.size();
+      for (std::size_t i = 0; i < whole_rows; ++i) {
+        const nlohmann::json& b = out[i].bucket;
+        if (!b["fast_exp"].get<bool>()) continue;
+        out.push_back(lanes(b["vec"].get<int>(), b["cols"].get<int>(), b["threads"].get<int>(),
+                            false, true, direction, b["stages"].get<int>(),
+                            b["grad_ape"] == "atomic", true));
+      }
+    }
   }
   // Odd or narrow head_dims make some vector widths coincide: keep each schedule once.
   return first_of_each_name(out);
@@ -108,7 +122,8 @@ std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
                 number("threads", b["threads"].get<int>()),
                 number("serial", b["serial"].get<bool>() ? 1 : 0) != 0,
                 number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
-                number("stages", b.value("stages", 1)), atomic_ape());
+                number("stages", b.value("stages", 1)), atomic_ape(),
+                field.count("tail_backward") != 0);
     }
     out.push_back(c);
   }
