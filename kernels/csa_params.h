@@ -39,6 +39,9 @@ enum TailBits : int {
   // forward's pooled rows (tail_row_stats), so the backward's CTAs hold column blocks of rows
   // as the plain kernel's do. Never with the Hadamard transform (its gradient couples the row).
   kTailRowStats = 32,
+  // The long-window forward's row-kernel form: the pooling's column slices write the fp32
+  // pooled rows only, and tail_rows_forward then runs the tail over each row whole.
+  kTailRowKernel = 64,
   kTailRopeShift = 8,
 };
 
@@ -54,6 +57,10 @@ CSA_SHARED_FN int tail_rope_dim(int code) {
 // The row-stats form of a tail code (kTailRowStats).
 CSA_SHARED_FN int tail_row_stats_code(int code) {
   return code | kTailRowStats;
+}
+// The row-kernel form of a tail code (kTailRowKernel).
+CSA_SHARED_FN int tail_row_kernel_code(int code) {
+  return code | kTailRowKernel;
 }
 // The row scalars tail_row_stats writes per pooled row: rstd, then the norm's coefficient
 // rstd³ · Σ_j (w_j · g_j) · x_j / head_dim of the row's gradient g (after RoPE's transpose).
@@ -80,18 +87,30 @@ enum ShortWindowBackwardForm : int {
   kShortWindowBackwardForms = 4,
 };
 
+// Whether rows of `head_dim` columns, `v` a thread, lie whole in a CTA of `threads` threads: a
+// power of two of row threads that tail_row_threads_ok takes, dividing the CTA.
+CSA_SHARED_FN bool tail_rows_fit(int head_dim, int threads, int v) {
+  if (head_dim % v != 0) return false;
+  const int row_threads = head_dim / v;
+  return (row_threads & (row_threads - 1)) == 0 && row_threads <= threads &&
+         threads % row_threads == 0 && tail_row_threads_ok(row_threads);
+}
 // The long-window family's tail runs once a row is complete, over a CTA of `threads` threads
 // (the lanes form's, a power of two): the columns each thread holds, 1, 2, 4 or 8, the fewest
-// for which a row's threads (tail_row_threads_ok) divide the CTA; 0 where none does (head_dim
-// not a power of two, or wider than 8 columns a thread).
+// that fit (tail_rows_fit); 0 where none does (head_dim not a power of two, or wider than 8
+// columns a thread).
 CSA_SHARED_FN int long_tail_vec(int head_dim, int threads) {
-  for (int v = 1; v <= 8; v *= 2) {
-    if (head_dim % v != 0) continue;
-    const int row_threads = head_dim / v;
-    if ((row_threads & (row_threads - 1)) == 0 && row_threads <= threads &&
-        threads % row_threads == 0 && tail_row_threads_ok(row_threads))
-      return v;
-  }
+  for (int v = 1; v <= 8; v *= 2)
+    if (tail_rows_fit(head_dim, threads, v)) return v;
+  return 0;
+}
+
+// Columns a thread of tail_rows_forward holds (`threads` a CTA holding whole rows): 4, else 2,
+// 1 or 8, the first that fits (tail_rows_fit; 0: none).
+CSA_SHARED_FN int tail_rows_vec(int head_dim, int threads) {
+  const int order[4] = {4, 2, 1, 8};
+  for (int v : order)
+    if (tail_rows_fit(head_dim, threads, v)) return v;
   return 0;
 }
 

@@ -168,8 +168,11 @@ __global__ void __launch_bounds__(
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int COLS = TX * VEC;
   constexpr int SLICES = (NCV + TX - 1) / TX;
-  // The tail: the row's last slice runs it over the whole row (long_window_tail.cuh).
+  // The tail: the row's last slice runs it over the whole row (long_window_tail.cuh); in the
+  // row-kernel form (IO::Store::kRowKernel) each slice writes its fp32 pooled values and
+  // tail_rows_forward runs the tail after this kernel.
   constexpr bool kTail = IO::Store::kCooperative;
+  constexpr bool kRowKernel = IO::Store::kRowKernel;
   using Tail = LongTail<IO, RATIO, COFF, HEAD_DIM, TX * LANES>;
   __shared__ float sm_m[LANES][COLS], sm_den[LANES][COLS], sm_acc[LANES][COLS];
   // SERIAL: one column's window of e (then of products) per row, padded (kSerialPad).
@@ -249,8 +252,13 @@ __global__ void __launch_bounds__(
     } else {
       if (lane >= VEC || !active) return;
       const float out[1] = {serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0])};
-      IO::Store::template store<typename IO::E, 1>(
-          IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);
+      if constexpr (kRowKernel) {
+        p.pooled[static_cast<long long>(row) * HEAD_DIM + col + lane] = out[0];
+      } else {
+        IO::Store::template store<typename IO::E, 1>(
+            IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane,
+            out);
+      }
     }
   } else {
     float m[VEC], den[VEC], acc[VEC];
@@ -281,6 +289,8 @@ __global__ void __launch_bounds__(
     }
     if constexpr (kTail) {
       Tail::template forward<SLICES>(p, row, w.block, finishes, col + lane, out[0]);
+    } else if constexpr (kRowKernel) {
+      p.pooled[static_cast<long long>(row) * HEAD_DIM + col + lane] = out[0];
     } else {
       IO::Store::template store<typename IO::E, 1>(
           IO::out(p.out) + row * L::out_stride(p, p.out_stride) + col + lane, row, col + lane, out);

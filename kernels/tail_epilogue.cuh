@@ -73,7 +73,11 @@ struct TailEpilogue {
   // The backward's row-stats form (kTailRowStats): each thread its own columns, from the row
   // scalars of tail_row_stats; else every thread of a row takes part in the row's tail.
   static constexpr bool kRowStats = (KIND & kTailRowStats) != 0;
-  static constexpr bool kCooperative = !kRowStats;
+  // The long-window forward's row-kernel form (kTailRowKernel): the pooling writes the fp32
+  // pooled rows, tail_rows_forward the rows' tail.
+  static constexpr bool kRowKernel = (KIND & kTailRowKernel) != 0;
+  static constexpr bool kCooperative = !kRowStats && !kRowKernel;
+  static_assert(!(kRowStats && kRowKernel), "one form a policy");
   static_assert(
       !kRowStats || (kNorm && !kHadamard),
       "the row-stats form serves a tail with the norm and without the Hadamard transform");

@@ -241,40 +241,48 @@ TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
   }
 }
 
-// The production long-window tail's backward candidates in the row-stats form (those that keep
-// it once fitted: not the ring kernels of 64 registers a thread) compile with no local memory.
-TEST(NvrtcCompile, EveryRowStatsTunerCandidateWithoutLocalMemory) {
+// The production long-window tail's candidates in the tail's split forms (the backward's
+// row-stats form where fitting keeps it: not in the ring kernels of 64 registers a thread; the
+// forward's row-kernel form) compile with no local memory, tail_rows_forward and
+// tail_row_stats with them.
+TEST(NvrtcCompile, EverySplitTailTunerCandidateWithoutLocalMemory) {
   Config c{128, 512, 1};
   c.tail.norm = true;
   c.tail.rope_dim = 64;
-  nlohmann::json buckets = nlohmann::json::array();
-  for (const auto& candidate : tools::tune_candidates(c, Direction::kBackward)) {
-    const nlohmann::json& b = candidate.bucket;
-    if (!b.contains("tail_backward")) continue;
-    schedule::LongWindowSchedule s;
-    s.vec = b["vec"];
-    s.cols = b["cols"];
-    s.threads = b["threads"];
-    s.stages = b["stages"];
-    s.fast_exp = b["fast_exp"];
-    s.atomic_ape = b["grad_ape"] == "atomic";
-    s.row_stats = true;
-    if (schedule::fit_long_window(c, s, "sm_90", Direction::kBackward).row_stats)
-      buckets.push_back(b);
+  nlohmann::json entries = nlohmann::json::array();
+  for (const Direction d : {Direction::kForward, Direction::kBackward}) {
+    nlohmann::json buckets = nlohmann::json::array();
+    for (const auto& candidate : tools::tune_candidates(c, d)) {
+      const nlohmann::json& b = candidate.bucket;
+      if (!b.contains("tail_backward") && !b.contains("tail_forward")) continue;
+      schedule::LongWindowSchedule s;
+      s.vec = b["vec"];
+      s.cols = b["cols"];
+      s.threads = b["threads"];
+      s.serial = b["serial"];
+      s.fast_exp = b["fast_exp"];
+      s.stages = b.value("stages", 1);
+      s.atomic_ape = b.value("grad_ape", "fixed_order") == "atomic";
+      s.row_stats = b.contains("tail_backward");
+      s.row_kernel = b.contains("tail_forward");
+      const auto fitted = schedule::fit_long_window(c, s, "sm_90", d);
+      if (fitted.row_stats || fitted.row_kernel) buckets.push_back(b);
+    }
+    ASSERT_GE(buckets.size(), 10U);
+    for (std::size_t i = 0; i < buckets.size(); ++i)
+      buckets[i]["max_rows"] = i + 1 < buckets.size() ? nlohmann::json(i + 1) : nlohmann::json();
+    entries.push_back(tools::make_entry(c, d, buckets));
   }
-  ASSERT_GE(buckets.size(), 20U);
-  for (std::size_t i = 0; i < buckets.size(); ++i)
-    buckets[i]["max_rows"] = i + 1 < buckets.size() ? nlohmann::json(i + 1) : nlohmann::json();
-  const nlohmann::json table = {{"schema_version", 1},
-                                {"arch", "sm_90"},
-                                {"entries", {tools::make_entry(c, Direction::kBackward, buckets)}}};
+  const nlohmann::json table = {{"schema_version", 1}, {"arch", "sm_90"}, {"entries", entries}};
   RuntimeOptions o;
   o.disk_cache = false;
   Runtime rt(o);
-  rt.set_schedule_table(table.dump(), "row-stats tuner candidates");
+  rt.set_schedule_table(table.dump(), "split-tail tuner candidates");
   const PrewarmReport r = rt.compile_for_arch(c, "sm_90");
-  EXPECT_EQ(local_memory_failure("row-stats tuner candidates sm_90 128,1,512 norm+rope64", r), "");
+  EXPECT_EQ(local_memory_failure("split-tail tuner candidates sm_90 128,1,512 norm+rope64", r), "");
   EXPECT_EQ(r.ptxas_log.find("warning"), std::string::npos) << r.ptxas_log;
+  EXPECT_NE(r.ptxas_log.find("tail_rows_forward"), std::string::npos);
+  EXPECT_NE(r.ptxas_log.find("tail_row_stats"), std::string::npos);
 }
 
 // The short-window module of `c` for `arch` (THD-packed unless named), as the library

@@ -162,22 +162,35 @@ TEST_F(FakeDriver, WideShortWindowTailBackwardTakesTheFixedOrder) {
   EXPECT_NE(l[1].find("ape_reduce"), std::string::npos) << l[1];
 }
 
+// The production long-window tail (128,1,512 with the norm and RoPE 64), and a runtime whose
+// sm_90 table serves its `direction` ("forward" or "backward") with one bucket of `fields`.
+Config production_long_tail() {
+  Config c{128, 512, 1};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  return c;
+}
+void serve_long_tail_with(FakeRuntime& rt, const std::string& direction,
+                          const std::string& fields) {
+  rt.service.set_schedule_table(schedule::parse_schedule_table(
+      R"({"schema_version": 1, "arch": "sm_90", "entries": [{"family": "long_window",
+          "direction": ")" +
+          direction + R"(", "coff": 1, "head_dim": [512, 512], "ratio": [128, 128],
+          "tail": "norm+rope64", "buckets": [{"max_rows": null, )" +
+          fields + "}]}]}",
+      "tail table"));
+}
+
 // A long-window tail backward whose bucket takes the row-stats form: tail_row_stats first (a warp
 // a row), then the row-stats backward, both programmatic and with the row scalars at one place:
 // the stream's workspace, after the fixed order's partials when deterministic (then the
 // reduction follows).
 TEST_F(FakeDriver, LongWindowRowStatsBackwardWritesTheRowScalarsFirst) {
-  Config c{128, 512, 1};
-  c.tail.norm = true;
-  c.tail.rope_dim = 64;
+  const Config c = production_long_tail();
   FakeRuntime rt;
-  rt.service.set_schedule_table(schedule::parse_schedule_table(
-      R"({"schema_version": 1, "arch": "sm_90", "entries": [{"family": "long_window",
-          "direction": "backward", "coff": 1, "head_dim": [512, 512], "ratio": [128, 128],
-          "tail": "norm+rope64", "buckets": [{"max_rows": null, "vec": 1, "cols": 64,
-          "threads": 512, "stages": 3, "serial": false, "fast_exp": true, "rows_per_cta": 0,
-          "grad_ape": "atomic", "tail_backward": "row_stats"}]}]})",
-      "row-stats table"));
+  serve_long_tail_with(rt, "backward", R"("vec": 1, "cols": 64, "threads": 512, "stages": 3,
+      "serial": false, "fast_exp": true, "rows_per_cta": 0, "grad_ape": "atomic",
+      "tail_backward": "row_stats")");
   const BackwardArgs a = backward_args(c);
   ASSERT_EQ(a.total_comp, 64);
   for (const std::uint32_t flags : {0U, static_cast<std::uint32_t>(kDeterministic)}) {
@@ -210,6 +223,36 @@ TEST_F(FakeDriver, LongWindowRowStatsBackwardWritesTheRowScalarsFirst) {
         static_cast<std::uintptr_t>(state().grids[1][0]) * (128 * 512 + 512) * sizeof(float);
     EXPECT_EQ(b[1].row_stats, b[1].workspace + partials);
   }
+}
+
+// A long-window tail forward whose bucket takes the row-kernel form: the pooling, then
+// tail_rows_forward over whole rows (2 of head_dim 512 a CTA), programmatic; no arrival words.
+TEST_F(FakeDriver, LongWindowRowKernelForwardRunsTheTailInASecondKernel) {
+  const Config c = production_long_tail();
+  FakeRuntime rt;
+  serve_long_tail_with(rt, "forward", R"("vec": 2, "cols": 64, "threads": 256, "serial": false,
+      "fast_exp": true, "tail_forward": "row_kernel")");
+  ForwardArgs a = forward_args(c);
+  const BackwardArgs tail = backward_args(c);
+  a.tail = tail.tail;
+  a.pooled = fake_ptr<float>(0xc00000);
+  ASSERT_EQ(a.total_comp, 64);
+  rt.service.forward(a, kStream, Family::kAuto);
+  EXPECT_EQ(state().memsets, 0);
+  std::lock_guard<std::mutex> lock(state().mutex);
+  const auto& l = state().launched;
+  ASSERT_EQ(l.size(), 2U);
+  const std::string policy = fmt::format(
+      "IoILi0ELi0ELi{}E",
+      csa_kernel::tail_row_kernel_code(csa_kernel::tail_epilogue(true, true, 64, true, false)));
+  EXPECT_NE(l[0].find("lane_window_forward"), std::string::npos) << l[0];
+  EXPECT_NE(l[0].find(policy), std::string::npos) << l[0];
+  EXPECT_NE(l[1].find("tail_rows_forward"), std::string::npos) << l[1];
+  EXPECT_NE(l[1].find(policy), std::string::npos) << l[1];
+  EXPECT_EQ(state().grids[0][0], 64U * 8);  // rows x column slices
+  EXPECT_EQ(state().grids[1][0], 32U);      // 2 rows a CTA
+  EXPECT_EQ(state().grids[1][2], static_cast<unsigned>(compressor::kTailRowsThreads));
+  EXPECT_TRUE(state().last_programmatic);
 }
 
 // Prewarm (and a plan's prepare) on the current context's device sets aside claim words, so

@@ -275,8 +275,9 @@ struct ErrorSums {
 
 class GpuTail : public Gpu, public ::testing::WithParamInterface<TailCase> {};
 
-TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
-  const TailCase& c = GetParam();
+// The forward against the fp32 chain reference, the fp64 oracle and the unfused chain; bitwise
+// run to run; rstd.
+void check_forward(const TailCase& c) {
   const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(c.ratio * 131 + c.head_dim);
   TailProblem tp(c, seed);
   const Problem& p = tp.p;
@@ -286,6 +287,7 @@ TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
   auto run = [&] {
     tp.dev.out.fill(0xff);
     tp.rstd_d.fill(0xff);
+    tp.pooled_d.fill(0xff);
     g_runtime->forward(a, nullptr);
     device::synchronize(nullptr);
     return tools::DeviceInputs::download(tp.dev.out);
@@ -362,6 +364,10 @@ TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
         << "the fused tail is further from fp64 (squared error " << fused.sq
         << ") than the unfused chain (" << unfused.sq << ")";
   }
+}
+
+TEST_P(GpuTail, ForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  check_forward(GetParam());
 }
 
 // The backward (in its row-stats form with `row_stats`) against the fp32 chain reference, the
@@ -582,6 +588,30 @@ TEST_P(GpuTail, LongWindowRowStatsBackwardMeetsTheChainReferenceAndBeatsTheUnfus
         g_runtime->select_schedule(config, Direction::kBackward, 64, device_arch()).schedule;
     ASSERT_NE(chosen.find("tail_backward=row_stats"), std::string::npos) << chosen;
     check_backward(c, false);
+  }
+}
+
+// Long-window tails: the forward's row-kernel form, which a schedule table's forward bucket
+// names, meets the same contract, in the chunked and the serial order.
+TEST_P(GpuTail, LongWindowRowKernelForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  const TailCase& c = GetParam();
+  if (!keeps_pooled_rows(Config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail}))
+    GTEST_SKIP() << "no long-window row-kernel form";
+  for (const char* bucket : {R"("vec": 2, "cols": 64, "threads": 256, "serial": false,
+                                 "fast_exp": true)",
+                             R"("vec": 2, "cols": 32, "threads": 512, "serial": true,
+                                 "fast_exp": false)"}) {
+    SCOPED_TRACE(bucket);
+    const LeadingScheduleEntry entry(fmt::format(
+        R"({{"family": "long_window", "direction": "forward", "coff": {}, "head_dim": [{}, {}],
+            "ratio": [{}, {}], "tail": "{}", "buckets": [{{"max_rows": null, {},
+            "tail_forward": "row_kernel"}}]}})",
+        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), bucket));
+    const Config config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail};
+    const std::string chosen =
+        g_runtime->select_schedule(config, Direction::kForward, 64, device_arch()).schedule;
+    ASSERT_NE(chosen.find("tail_forward=row_kernel"), std::string::npos) << chosen;
+    check_forward(c);
   }
 }
 

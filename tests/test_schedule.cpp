@@ -640,6 +640,67 @@ TEST(ScheduleTable, TheLongWindowTailBackwardTakesTheRowStatsFormByTable) {
   EXPECT_EQ(compressor::long_window_slot(whole_module, c, layout, fitted, bwd), -1);
 }
 
+// The long-window tail forward's row-kernel form is a field of forward buckets, as the
+// backward's row-stats form is of backward ones: tail_rows_forward sits beside its pooling.
+TEST(ScheduleTable, TheLongWindowTailForwardTakesTheRowKernelFormByTable) {
+  auto table = [](const std::string& direction, const std::string& field) {
+    return R"({"schema_version": 1, "arch": "sm_90", "entries": [{"family": "long_window",
+               "direction": ")" +
+           direction + R"(", "coff": 1, "head_dim": [1, 4096], "ratio": [17, 256],
+               "buckets": [{"max_rows": null, "vec": 2, "cols": 64, "threads": 256,
+               "serial": false, "fast_exp": true)" +
+           field + "}]}]}";
+  };
+  const auto t =
+      schedule::parse_schedule_table(table("forward", R"(, "tail_forward": "row_kernel")"), "t");
+  const schedule::LongWindowSchedule split = t.entries.at(0).buckets.at(0).schedule;
+  EXPECT_TRUE(split.row_kernel);
+  EXPECT_NE(split.describe().find("tail_forward=row_kernel"), std::string::npos);
+  EXPECT_TRUE(schedule::parse_schedule_table(schedule::to_json(t), "round trip")
+                  .entries.at(0)
+                  .buckets.at(0)
+                  .schedule.row_kernel);
+  EXPECT_FALSE(
+      schedule::parse_schedule_table(table("forward", R"(, "tail_forward": "last_slice")"), "t")
+          .entries.at(0)
+          .buckets.at(0)
+          .schedule.row_kernel);
+  expect_rejected(table("forward", R"(, "tail_forward": "rows")"),
+                  "entries[0].buckets[0].tail_forward");
+  expect_rejected(table("backward", R"(, "tail_forward": "row_kernel")"), "unknown field");
+
+  Config c{128, 512, 1};
+  c.tail.rope_dim = 64;
+  c.tail.hadamard = false;
+  const auto fwd = Direction::kForward;
+  const auto fitted = schedule::fit_long_window(c, split, "sm_90", fwd);
+  EXPECT_TRUE(fitted.row_kernel);  // any tail, the norm or not
+  EXPECT_FALSE(schedule::fit_long_window(c, split, "sm_90", Direction::kBackward).row_kernel);
+  EXPECT_FALSE(schedule::fit_long_window(Config{128, 512, 1}, split, "sm_90", fwd).row_kernel);
+  schedule::LongWindowSchedule last = split;
+  last.row_kernel = false;
+  EXPECT_FALSE(fitted.same_kernel(schedule::fit_long_window(c, last, "sm_90", fwd)));
+
+  const auto set = schedule::ScheduleSet::embedded();
+  const int layout = csa_kernel::kLayoutThdPacked;
+  const auto bwd = set.kernels(c, Direction::kBackward, "sm_90");
+  const auto module = compressor::make_long_window_spec(c, layout, {fitted}, bwd, "sm_90", {});
+  const int slot = compressor::long_window_slot(module, c, layout, fitted, fwd);
+  ASSERT_GE(slot, 0);
+  ASSERT_GE(module.slots.long_window.rows_forward, 0);
+  const std::string policy = fmt::format(
+      "csa_kernel::Io<0,0,{}>",
+      csa_kernel::tail_row_kernel_code(csa_kernel::tail_epilogue(false, true, 64, true, false)));
+  const auto& names = module.request.name_expressions;
+  EXPECT_NE(names[static_cast<std::size_t>(slot)].find(policy), std::string::npos);
+  EXPECT_NE(names[static_cast<std::size_t>(module.slots.long_window.rows_forward)].find(
+                "tail_rows_forward<" + policy),
+            std::string::npos);
+  const auto whole = compressor::make_long_window_spec(
+      c, layout, {schedule::fit_long_window(c, last, "sm_90", fwd)}, bwd, "sm_90", {});
+  EXPECT_EQ(whole.slots.long_window.rows_forward, -1);
+}
+
 TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward) {
   const Config c{4, 512, 2};
   const auto s = schedule::select_short_window(c);

@@ -22,20 +22,25 @@ std::vector<Candidate> first_of_each_name(const std::vector<Candidate>& candidat
   return unique;
 }
 
+// `split_tail`: the tail in its own kernel, the backward's row-stats form or the forward's
+// row-kernel form.
 Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d,
-                int stages = 1, bool atomic_ape = false, bool row_stats = false) {
+                int stages = 1, bool atomic_ape = false, bool split_tail = false) {
   Candidate c;
+  const char* split = d == Direction::kBackward ? " row-stats" : " row-kernel";
   c.name = fmt::format("lanes-{} v{} c{} t{}{}{}{}",
                        serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec, cols,
                        threads, stages > 1 ? fmt::format(" s{}", stages) : "",
-                       atomic_ape ? " atomic" : "", row_stats ? " row-stats" : "");
+                       atomic_ape ? " atomic" : "", split_tail ? split : "");
   c.bucket = {{"form", "lanes"},    {"vec", vec},       {"cols", cols},
               {"threads", threads}, {"serial", serial}, {"fast_exp", fast_exp}};
   if (d == Direction::kBackward) {
     c.bucket["stages"] = stages;
     c.bucket["rows_per_cta"] = 0;
     c.bucket["grad_ape"] = atomic_ape ? "atomic" : "fixed_order";
-    if (row_stats) c.bucket["tail_backward"] = "row_stats";
+    if (split_tail) c.bucket["tail_backward"] = "row_stats";
+  } else if (split_tail) {
+    c.bucket["tail_forward"] = "row_kernel";
   }
   c.bitwise = serial && !fast_exp;
   return c;
@@ -63,6 +68,16 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
                                                                             {1, 16, 512},
                                                                             {1, 32, 512}})
       out.push_back(lanes(vec, cols, threads, true, false, direction));
+    // A tail: each candidate also in the row-kernel form.
+    if (config.tail.any()) {
+      const std::size_t last_slice = out.size();
+      for (std::size_t i = 0; i < last_slice; ++i) {
+        const nlohmann::json& b = out[i].bucket;
+        out.push_back(lanes(b["vec"].get<int>(), b["cols"].get<int>(), b["threads"].get<int>(),
+                            b["serial"].get<bool>(), b["fast_exp"].get<bool>(), direction, 1, false,
+                            true));
+      }
+    }
   } else {
     // The shared-memory ring (stages 2 and 3) needs head_dim % 8 == 0; a third stage is tried
     // at 512 threads, which leave an SM's shared memory to one or two CTAs.
@@ -118,12 +133,13 @@ std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
     };
     Candidate c = candidates[i];
     if (b.value("form", "lanes") == "lanes") {
-      c = lanes(number("vec", b["vec"].get<int>()), number("cols", b["cols"].get<int>()),
-                number("threads", b["threads"].get<int>()),
-                number("serial", b["serial"].get<bool>() ? 1 : 0) != 0,
-                number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
-                number("stages", b.value("stages", 1)), atomic_ape(),
-                field.count("tail_backward") != 0);
+      c = lanes(
+          number("vec", b["vec"].get<int>()), number("cols", b["cols"].get<int>()),
+          number("threads", b["threads"].get<int>()),
+          number("serial", b["serial"].get<bool>() ? 1 : 0) != 0,
+          number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
+          number("stages", b.value("stages", 1)), atomic_ape(),
+          field.count(direction == Direction::kBackward ? "tail_backward" : "tail_forward") != 0);
     }
     out.push_back(c);
   }

@@ -78,16 +78,6 @@ std::string io_policy(const Config& c, int kernel_layout) {
 
 namespace {
 
-// The I/O policy of the tail backward's row-stats form.
-std::string row_stats_io_policy(const Config& c, int kernel_layout) {
-  return fmt::format("csa_kernel::Io<{},{},{}>", static_cast<int>(c.dtype), kernel_layout,
-                     csa_kernel::tail_row_stats_code(epilogue_code(c.tail)));
-}
-
-}  // namespace
-
-namespace {
-
 // "bf16-thd" for module labels.
 std::string io_label(const Config& c, int kernel_layout) {
   return fmt::format("{}-{}", dtype_name(c.dtype), kernel_layout_name(kernel_layout));
@@ -100,10 +90,19 @@ std::string shape_args(const Config& c, int kernel_layout) {
   return fmt::format("{},{},{},{}", io_policy(c, kernel_layout), c.ratio, c.coff, c.head_dim);
 }
 
-// The same with the I/O policy of the tail backward's row-stats form.
+// The same with the I/O policy of one of the tail's forms: `code` the tail's code in that form
+// (csa_kernel::tail_row_stats_code, tail_row_kernel_code).
+std::string tail_form_shape_args(const Config& c, int kernel_layout, int code) {
+  return fmt::format("csa_kernel::Io<{},{},{}>,{},{},{}", static_cast<int>(c.dtype), kernel_layout,
+                     code, c.ratio, c.coff, c.head_dim);
+}
 std::string row_stats_shape_args(const Config& c, int kernel_layout) {
-  return fmt::format("{},{},{},{}", row_stats_io_policy(c, kernel_layout), c.ratio, c.coff,
-                     c.head_dim);
+  return tail_form_shape_args(c, kernel_layout,
+                              csa_kernel::tail_row_stats_code(epilogue_code(c.tail)));
+}
+std::string row_kernel_shape_args(const Config& c, int kernel_layout) {
+  return tail_form_shape_args(c, kernel_layout,
+                              csa_kernel::tail_row_kernel_code(epilogue_code(c.tail)));
 }
 
 ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::string& label,
@@ -121,7 +120,7 @@ ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::strin
 }
 
 // The kernel of a long-window schedule: the staged form's, or the lanes form's of its direction
-// (a backward in the tail's row-stats form with that form's I/O policy).
+// (in the tail's row-stats or row-kernel form, with that form's I/O policy).
 int add_long_window_kernel(ModuleBuilder& m, const Config& c, int kernel_layout,
                            const schedule::LongWindowSchedule& s, Direction direction) {
   if (s.staged) {
@@ -136,8 +135,11 @@ int add_long_window_kernel(ModuleBuilder& m, const Config& c, int kernel_layout,
     m.set_shape(shape_args(c, kernel_layout));
     return slot;
   }
-  return m.add(kt::kLaneWindowForward, s.vec, s.cols / s.vec, s.window_lanes(), s.serial,
-               s.fast_exp);
+  if (s.row_kernel) m.set_shape(row_kernel_shape_args(c, kernel_layout));
+  const int slot =
+      m.add(kt::kLaneWindowForward, s.vec, s.cols / s.vec, s.window_lanes(), s.serial, s.fast_exp);
+  m.set_shape(shape_args(c, kernel_layout));
+  return slot;
 }
 
 }  // namespace
@@ -237,6 +239,12 @@ ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
                   [](const schedule::LongWindowSchedule& b) { return b.row_stats; })) {
     m.set_shape(row_stats_shape_args(c, kernel_layout));
     slots.row_stats = m.add(kt::kTailRowStats, kRowStatsThreads);
+    m.set_shape(shape_args(c, kernel_layout));
+  }
+  if (std::any_of(forward.begin(), forward.end(),
+                  [](const schedule::LongWindowSchedule& f) { return f.row_kernel; })) {
+    m.set_shape(row_kernel_shape_args(c, kernel_layout));
+    slots.rows_forward = m.add(kt::kTailRowsForward, kTailRowsThreads);
     m.set_shape(shape_args(c, kernel_layout));
   }
   slots.ape_reduce = m.add(kt::kApeReduce, kApeReduceLanes);

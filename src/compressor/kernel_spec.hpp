@@ -8,6 +8,7 @@
 #include "cache/key.hpp"
 #include "compressor/register_fit.hpp"
 #include "csa/csa.hpp"
+#include "csa_params.h"
 #include "schedule/long_window.hpp"
 #include "schedule/short_window.hpp"
 
@@ -40,6 +41,10 @@ struct ShortWindowSlots {
 };
 // Threads per CTA of tail_row_stats (a warp per row).
 inline constexpr int kRowStatsThreads = 256;
+// Threads per CTA of tail_rows_forward (whole rows: csa_kernel::tail_rows_vec columns a thread).
+inline constexpr int kTailRowsThreads = 256;
+static_assert(csa_kernel::tail_rows_vec(csa_kernel::kTailMaxHeadDim, kTailRowsThreads) > 0,
+              "tail_rows_forward holds the widest tail row");
 struct ReferenceSlots {
   int forward = -1;
   int backward_rows = -1;
@@ -51,8 +56,10 @@ struct ReferenceSlots {
 // 16-byte one at each of kApeReduceQuadLanes.
 struct LongWindowSlots {
   int ape_reduce = -1;
-  // tail_row_stats, where a backward bucket takes the tail's row-stats form.
+  // tail_row_stats, where a backward bucket takes the tail's row-stats form; tail_rows_forward,
+  // where a forward bucket takes the row-kernel form.
   int row_stats = -1;
+  int rows_forward = -1;
   std::array<int, kApeReduceQuadLanes.size()> ape_reduce_quads = {-1, -1};
 };
 struct KernelSlots {

@@ -38,6 +38,9 @@ inline constexpr KernelTemplate<6, csa_kernel::kShortWindowBackwardForms> kShort
 // tail_row_stats.cuh: <shape, THREADS>
 inline constexpr KernelTemplate<1> kTailRowStats{"tail_row_stats.cuh",
                                                  "csa_kernel::tail_row_stats"};
+// tail_rows_forward.cuh: <shape, THREADS>
+inline constexpr KernelTemplate<1> kTailRowsForward{"tail_rows_forward.cuh",
+                                                    "csa_kernel::tail_rows_forward"};
 // reference.cuh: <shape>
 inline constexpr KernelTemplate<0> kReferenceForward{"reference.cuh",
                                                      "csa_kernel::reference_forward"};

@@ -126,8 +126,10 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
       schedule::forward_prefetches_early(shape.grid_x, p.device.sm_count, b.resident_ctas) ? 1 : 0;
   set_block(shape, b, p.programmatic);
   // The tail (kernels/long_window_tail.cuh): the pooled rows (the caller's, else scratch) and,
-  // with more than one column slice, one zeroed arrival word per row.
+  // with more than one column slice, one zeroed arrival word per row; in the row-kernel form
+  // (kernels/tail_rows_forward.cuh) no words: a second kernel runs the rows' tail.
   std::optional<StreamScratch> graph_pooled, graph_words;  // under capture: the graph's memory
+  const bool row_kernel = b.schedule.row_kernel && a.total_comp > 0;
   if (a.config.tail.any() && a.total_comp > 0) {
     driver::Driver& d = driver();
     const bool capturing = launch::is_capturing(d, stream);
@@ -136,11 +138,9 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
     } else {
       const std::size_t bytes =
           static_cast<std::size_t>(a.total_comp) * a.config.head_dim * sizeof(float);
-      CUdeviceptr pooled = scratch_.stream_workspace(stream, capturing, bytes);
-      if (pooled == 0) pooled = graph_pooled.emplace(d, bytes, stream).get();
-      params.pooled = device_ptr<float>(pooled);
+      params.pooled = device_ptr<float>(call_workspace(stream, capturing, bytes, graph_pooled));
     }
-    if (slices > 1) {
+    if (slices > 1 && !row_kernel) {
       // One claim word a row (its arrivals in the low bits, as grad_ape's claims keep them).
       CUdeviceptr words = scratch_.claim_words(a.total_comp, capturing, stream);
       if (words == 0) {  // captured with none left: the graph's own, zeroed in the graph
@@ -153,6 +153,15 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
     }
   }
   launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
+  if (!row_kernel) return;
+  const int vec = csa_kernel::tail_rows_vec(a.config.head_dim, kTailRowsThreads);
+  const int rows_per_cta = kTailRowsThreads / (a.config.head_dim / vec);
+  launch::LaunchShape rows;
+  rows.grid_x = static_cast<unsigned>((a.total_comp + rows_per_cta - 1) / rows_per_cta);
+  rows.block_x = kTailRowsThreads;
+  rows.programmatic = p.programmatic;
+  launch::launch(driver(), p.kernel(p.slots.long_window.rows_forward), rows, params, stream,
+                 "tail rows launch");
 }
 
 void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream stream) {
@@ -188,12 +197,9 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   const std::int64_t stats_floats = row_stats ? a.total_comp * csa_kernel::kTailRowStatsFloats : 0;
   const auto workspace_bytes =
       static_cast<std::size_t>(partial_floats + stats_floats) * sizeof(float);
-  CUdeviceptr workspace = 0;
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
-  if (workspace_bytes > 0) {
-    workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
-    if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
-  }
+  const CUdeviceptr workspace =
+      workspace_bytes > 0 ? call_workspace(stream, capturing, workspace_bytes, graph_scratch) : 0;
   if (row_stats) {
     // The tail's row-stats form (kernels/tail_row_stats.cuh): each row's norm scalars first.
     params.row_stats = device_ptr<float>(workspace) + partial_floats;

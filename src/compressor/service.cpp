@@ -329,6 +329,12 @@ void Service::backward(const BackwardArgs& a, CUstream stream, Family family) {
   launch_backward(*prepared_for_call(a.config, kernel_layout(a), family, stream), a, stream);
 }
 
+CUdeviceptr Service::call_workspace(CUstream stream, bool capturing, std::size_t bytes,
+                                    std::optional<StreamScratch>& graph) {
+  const CUdeviceptr workspace = scratch_.stream_workspace(stream, capturing, bytes);
+  return workspace != 0 ? workspace : graph.emplace(driver(), bytes, stream).get();
+}
+
 void Service::prepare_atomic_grad_ape(csa_kernel::BackwardParams& params, const BackwardArgs& a,
                                       std::int64_t ape_elems, CUdeviceptr words, CUstream stream) {
   if ((a.flags & kAccumulateGradApe) != 0) return;

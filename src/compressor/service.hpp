@@ -17,6 +17,7 @@
 #include "common/logger.hpp"
 #include "compressor/device_registry.hpp"
 #include "compressor/kernel_spec.hpp"
+#include "compressor/launch_helpers.hpp"
 #include "compressor/prepared.hpp"
 #include "compressor/record_cache.hpp"
 #include "compressor/scratch_pool.hpp"
@@ -99,6 +100,10 @@ class Service {
   bool programmatic_launch_ = true;  // CSA_PROGRAMMATIC_LAUNCH=0: plain stream serialization
 
   ScratchPool scratch_;  // stream workspaces and claim words
+  // A call's workspace of `bytes`: the stream's (ScratchPool::stream_workspace), or under capture
+  // memory the graph owns, which `graph` holds until the call's launches are recorded.
+  CUdeviceptr call_workspace(CUstream stream, bool capturing, std::size_t bytes,
+                             std::optional<detail::StreamScratch>& graph);
   // Before an atomic-grad_ape backward launch (both families): overwriting, hands the kernel
   // `words` (claim_words), with which it zeroes grad_ape (and the tail's grad_w) itself
   // (claim_zero_if_first), or where there are none memsets of them go first; accumulating,

@@ -145,12 +145,9 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   const std::int64_t stats_floats = row_stats ? a.total_comp * csa_kernel::kTailRowStatsFloats : 0;
   const auto workspace_bytes =
       static_cast<std::size_t>(partial_floats + stats_floats) * sizeof(float);
-  CUdeviceptr workspace = 0;
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
-  if (workspace_bytes > 0) {
-    workspace = scratch_.stream_workspace(stream, capturing, workspace_bytes);
-    if (workspace == 0) workspace = graph_scratch.emplace(d, workspace_bytes, stream).get();
-  }
+  const CUdeviceptr workspace =
+      workspace_bytes > 0 ? call_workspace(stream, capturing, workspace_bytes, graph_scratch) : 0;
   if (row_stats) {
     params.pooled = a.pooled;
     params.row_stats = device_ptr<float>(workspace) + partial_floats;

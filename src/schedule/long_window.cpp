@@ -13,10 +13,10 @@ namespace csa::schedule {
 std::string LongWindowSchedule::describe() const {
   return fmt::format(
       "form={} vec={} cols={} threads={} serial={} fast_exp={} stages={} rows_per_cta={} "
-      "grad_ape={}{}",
+      "grad_ape={}{}{}",
       staged ? "staged" : "lanes", vec, cols, threads, serial ? 1 : 0, fast_exp ? 1 : 0, stages,
       rows_per_cta, atomic_ape ? "atomic" : "fixed_order",
-      row_stats ? " tail_backward=row_stats" : "");
+      row_stats ? " tail_backward=row_stats" : "", row_kernel ? " tail_forward=row_kernel" : "");
 }
 
 bool LongWindowSchedule::same_kernel(const LongWindowSchedule& o) const {
@@ -27,7 +27,7 @@ bool LongWindowSchedule::same_kernel(const LongWindowSchedule& o) const {
   // serial order.
   if (!staged && kernel_direction == Direction::kBackward)
     return stages == o.stages && atomic_ape == o.atomic_ape && row_stats == o.row_stats;
-  return serial == o.serial;
+  return serial == o.serial && row_kernel == o.row_kernel;
 }
 
 int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
@@ -60,6 +60,10 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   s.kernel_direction = direction;
   // A tail runs in the lanes form (kernels/long_window_tail.cuh).
   if (c.tail.any()) s.staged = false;
+  // The tail's forms: the row-stats backward of a tail with the norm and without the Hadamard
+  // transform, the row-kernel forward of any tail.
+  if (direction == Direction::kForward || !c.tail.norm || c.tail.hadamard) s.row_stats = false;
+  if (direction == Direction::kBackward || !c.tail.any()) s.row_kernel = false;
   while (s.vec > 1 && c.head_dim % s.vec != 0) s.vec /= 2;
   int ceiling = 1;
   while (ceiling < c.head_dim) ceiling *= 2;
@@ -82,8 +86,6 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   if (direction == Direction::kBackward) s.serial = false;
   if (direction == Direction::kForward) s.atomic_ape = false;
   if (direction == Direction::kForward) s.stages = 1;
-  // The row-stats form: a lanes-form backward of a tail with the norm, without the Hadamard.
-  if (direction == Direction::kForward || !c.tail.norm || c.tail.hadamard) s.row_stats = false;
   if (s.serial) s.fast_exp = false;
   const int win = c.coff * c.ratio;
   // per column: the serial forward's window of e, padded by 4 floats (kSerialPad)
@@ -119,14 +121,14 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   if (s.stages > 1 && csa_kernel::lane_ring_tight_registers(s.threads, values()))
     s.row_stats = false;
   // The tail's static shared memory: its rows (at most 8 floats a thread), the row sums and,
-  // backward, the pooled row's gradient (none in the row-stats form).
-  const int tail_bytes =
-      c.tail.any() && !s.row_stats ? s.threads * 8 * 4 + c.head_dim * 4 + 256 : 0;
+  // backward, the pooled row's gradient (none in the row-stats and row-kernel forms).
+  const bool whole_rows = c.tail.any() && !s.row_stats && !s.row_kernel;
+  const int tail_bytes = whole_rows ? s.threads * 8 * 4 + c.head_dim * 4 + 256 : 0;
   const int static_bytes = s.threads * s.vec * smem_per_value + tail_bytes;
   while (s.stages > 1 &&
          static_bytes + long_window_shared_bytes(c, s) > shared_limit_for_arch(arch))
     --s.stages;
-  if (c.tail.any() && !s.row_stats && csa_kernel::long_tail_vec(c.head_dim, s.threads) == 0) {
+  if (whole_rows && csa_kernel::long_tail_vec(c.head_dim, s.threads) == 0) {
     fail(Status::kUnsupported,
          "the tail's long-window {} schedule ({}) has {} threads, too few for head_dim {} "
          "(whole rows of at most 8 columns a thread)",

@@ -34,6 +34,10 @@ struct LongWindowSchedule {
   // thread runs the tail's backward of its own columns); false, every CTA runs each of its rows'
   // whole tail (kernels/long_window_tail.cuh). Dropped by fit_long_window where it does not apply.
   bool row_stats = false;
+  // Forward of a tail (lanes form): true, the row-kernel form (the pooling's column slices write
+  // the fp32 pooled rows only, then kernels/tail_rows_forward.cuh runs the tail over each row
+  // whole); false, each row's last column slice to arrive runs it (kernels/long_window_tail.cuh).
+  bool row_kernel = false;
   // Launch-only (editing it never invalidates a cubin).
   int rows_per_cta = 0;  // backward rows per CTA; 0: as many row groups as fill one wave
   // Set by fit_long_window: the lanes form's template arguments differ per direction.

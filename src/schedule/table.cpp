@@ -109,7 +109,9 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
                    {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp", "stages",
                     "rows_per_cta", "grad_ape", "tail_backward"});
   } else {
-    reject_unknown(b, path, {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp"});
+    reject_unknown(
+        b, path,
+        {"max_rows", "form", "vec", "cols", "threads", "serial", "fast_exp", "tail_forward"});
   }
   Bucket out;
   const json& max_rows = member(b, "max_rows", path);
@@ -166,6 +168,16 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
     }
     if (s.row_stats && s.staged)
       (path / "tail_backward").fail("the staged form runs no tail: must be \"whole_rows\"");
+  }
+  if (direction == Direction::kForward && b.contains("tail_forward")) {
+    const json& form = b["tail_forward"];
+    if (form == "row_kernel") {
+      s.row_kernel = true;
+    } else if (form != "last_slice") {
+      (path / "tail_forward").fail("must be \"last_slice\" or \"row_kernel\"");
+    }
+    if (s.row_kernel && s.staged)
+      (path / "tail_forward").fail("the staged form runs no tail: must be \"last_slice\"");
   }
   return out;
 }
@@ -362,6 +374,8 @@ std::string to_json(const ScheduleTable& t) {
         jb["rows_per_cta"] = b.schedule.rows_per_cta;
         jb["grad_ape"] = b.schedule.atomic_ape ? "atomic" : "fixed_order";
         if (b.schedule.row_stats) jb["tail_backward"] = "row_stats";
+      } else if (b.schedule.row_kernel) {
+        jb["tail_forward"] = "row_kernel";
       }
       je["buckets"].push_back(jb);
     }
