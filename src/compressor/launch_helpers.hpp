@@ -98,6 +98,23 @@ inline void fill_gradients(csa_kernel::BackwardParams& params, const BackwardArg
   params.grad_w = a.grad_norm_weight;
 }
 
+// A backward call's stream workspace, in floats: the fixed order's partials (`groups` row
+// groups' blocks of grad_ape's partials, then the tail's grad_w's), then the row-stats form's
+// row scalars (`stats_rows` rows). Either part may be empty.
+struct BackwardWorkspace {
+  std::int64_t grad_w_elements = 0;  // in each group's block, after grad_ape's
+  std::int64_t partial_floats = 0;
+  std::int64_t stats_floats = 0;
+  BackwardWorkspace(const Config& c, std::int64_t ape_elements, std::int64_t groups,
+                    std::int64_t stats_rows)
+      : grad_w_elements(c.tail.norm ? c.head_dim : 0),
+        partial_floats(groups * (ape_elements + grad_w_elements)),
+        stats_floats(stats_rows * csa_kernel::kTailRowStatsFloats) {}
+  std::size_t bytes() const {
+    return static_cast<std::size_t>(partial_floats + stats_floats) * sizeof(float);
+  }
+};
+
 // The tail backward's row-stats form, its first kernel (kernels/tail_row_stats.cuh): a warp per
 // pooled row writes the row's norm scalars to params.row_stats.
 inline void launch_row_stats(const driver::Driver& d, CUkernel kernel,

@@ -11,6 +11,7 @@
 
 namespace csa::compressor {
 
+using detail::BackwardWorkspace;
 using detail::device_ptr;
 using detail::fill_gradients;
 using detail::fill_inputs;
@@ -189,20 +190,15 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   shape.grid_x = static_cast<unsigned>(grid.row_groups);
   shape.grid_y = static_cast<unsigned>(grid.column_slices);
   set_block(shape, b, p.programmatic);
-  // The stream's workspace: the fixed order's partials (the tail's grad_w partials after
-  // grad_ape's in each row group's block), then the row-stats form's row scalars.
-  const std::int64_t grad_w_elems = c.tail.norm ? c.head_dim : 0;
-  const std::int64_t partial_floats = atomic ? 0 : grid.row_groups * (ape_elems + grad_w_elems);
   const bool row_stats = b.schedule.row_stats && a.total_comp > 0;
-  const std::int64_t stats_floats = row_stats ? a.total_comp * csa_kernel::kTailRowStatsFloats : 0;
-  const auto workspace_bytes =
-      static_cast<std::size_t>(partial_floats + stats_floats) * sizeof(float);
+  const BackwardWorkspace layout(c, ape_elems, atomic ? 0 : grid.row_groups,
+                                 row_stats ? a.total_comp : 0);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   const CUdeviceptr workspace =
-      workspace_bytes > 0 ? call_workspace(stream, capturing, workspace_bytes, graph_scratch) : 0;
+      layout.bytes() > 0 ? call_workspace(stream, capturing, layout.bytes(), graph_scratch) : 0;
   if (row_stats) {
     // The tail's row-stats form (kernels/tail_row_stats.cuh): each row's norm scalars first.
-    params.row_stats = device_ptr<float>(workspace) + partial_floats;
+    params.row_stats = device_ptr<float>(workspace) + layout.partial_floats;
     launch_row_stats(d, p.kernel(p.slots.long_window.row_stats), params, a.total_comp,
                      kRowStatsThreads, p.programmatic, stream);
   }
@@ -226,7 +222,7 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   if (i == kApeReduceQuadLanes.size() || slots.ape_reduce_quads[i] < 0) {
     launch_ape_reduce(d, p.kernel(slots.ape_reduce), params.workspace, a, ape_elems,
                       grid.row_groups, {32, kApeReduceLanes, 1}, p.device.sm_count, p.programmatic,
-                      stream, grad_w_elems);
+                      stream, layout.grad_w_elements);
     return;
   }
   const int lanes = kApeReduceQuadLanes[i];

@@ -13,6 +13,7 @@
 
 namespace csa::compressor {
 
+using detail::BackwardWorkspace;
 using detail::blocks_for;
 using detail::device_ptr;
 using detail::fill_gradients;
@@ -138,19 +139,14 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
     words = accumulate ? 0 : scratch_.claim_words(grid.grid_x, capturing, stream);
     fixed_order = words == 0 && !accumulate && s.fixed_order_default;
   }
-  // The stream's workspace: the fixed order's partials (the tail's grad_w partials after
-  // grad_ape's in each row group's block), then the row-stats form's row scalars.
-  const std::int64_t grad_w_elems = c.tail.norm ? c.head_dim : 0;
-  const std::int64_t partial_floats = fixed_order ? grid.grid_y * (ape_elems + grad_w_elems) : 0;
-  const std::int64_t stats_floats = row_stats ? a.total_comp * csa_kernel::kTailRowStatsFloats : 0;
-  const auto workspace_bytes =
-      static_cast<std::size_t>(partial_floats + stats_floats) * sizeof(float);
+  const BackwardWorkspace layout(c, ape_elems, fixed_order ? grid.grid_y : 0,
+                                 row_stats ? a.total_comp : 0);
   std::optional<StreamScratch> graph_scratch;  // under capture: memory owned by the graph
   const CUdeviceptr workspace =
-      workspace_bytes > 0 ? call_workspace(stream, capturing, workspace_bytes, graph_scratch) : 0;
+      layout.bytes() > 0 ? call_workspace(stream, capturing, layout.bytes(), graph_scratch) : 0;
   if (row_stats) {
     params.pooled = a.pooled;
-    params.row_stats = device_ptr<float>(workspace) + partial_floats;
+    params.row_stats = device_ptr<float>(workspace) + layout.partial_floats;
     launch_row_stats(d, p.kernel(slots.row_stats), params, a.total_comp, kRowStatsThreads,
                      p.programmatic, stream);
   }
@@ -165,7 +161,7 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
                  "backward launch");
   launch_ape_reduce(d, p.kernel(k.ape_reduce), params.workspace, a, ape_elems, grid.grid_y,
                     {32, s.reduce_lanes, 1}, p.device.sm_count, p.programmatic, stream,
-                    grad_w_elems);
+                    layout.grad_w_elements);
 }
 
 }  // namespace csa::compressor
