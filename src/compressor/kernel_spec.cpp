@@ -71,9 +71,18 @@ int epilogue_code(const TailShape& t) {
                                    t.rope_interleaved, t.hadamard);
 }
 
-std::string io_policy(const Config& c, int kernel_layout) {
+namespace {
+
+// The I/O policy with the epilogue `epilogue` (the tail's code, in one of its forms).
+std::string io_policy_with(const Config& c, int kernel_layout, int epilogue) {
   return fmt::format("csa_kernel::Io<{},{},{}>", static_cast<int>(c.dtype), kernel_layout,
-                     epilogue_code(c.tail));
+                     epilogue);
+}
+
+}  // namespace
+
+std::string io_policy(const Config& c, int kernel_layout) {
+  return io_policy_with(c, kernel_layout, epilogue_code(c.tail));
 }
 
 namespace {
@@ -85,24 +94,21 @@ std::string io_label(const Config& c, int kernel_layout) {
 
 namespace kt = kernel_templates;
 
-// "csa_kernel::Io<..>,4,2,128": the arguments every shaped kernel template begins with.
+// "csa_kernel::Io<..>,4,2,128": the arguments every shaped kernel template begins with (with
+// the epilogue `epilogue`, else the call's own).
+std::string shape_args(const Config& c, int kernel_layout, int epilogue) {
+  return fmt::format("{},{},{},{}", io_policy_with(c, kernel_layout, epilogue), c.ratio, c.coff,
+                     c.head_dim);
+}
 std::string shape_args(const Config& c, int kernel_layout) {
-  return fmt::format("{},{},{},{}", io_policy(c, kernel_layout), c.ratio, c.coff, c.head_dim);
+  return shape_args(c, kernel_layout, epilogue_code(c.tail));
 }
-
-// The same with the I/O policy of one of the tail's forms: `code` the tail's code in that form
-// (csa_kernel::tail_row_stats_code, tail_row_kernel_code).
-std::string tail_form_shape_args(const Config& c, int kernel_layout, int code) {
-  return fmt::format("csa_kernel::Io<{},{},{}>,{},{},{}", static_cast<int>(c.dtype), kernel_layout,
-                     code, c.ratio, c.coff, c.head_dim);
-}
+// The same with the I/O policy of the tail's row-stats and row-kernel forms.
 std::string row_stats_shape_args(const Config& c, int kernel_layout) {
-  return tail_form_shape_args(c, kernel_layout,
-                              csa_kernel::tail_row_stats_code(epilogue_code(c.tail)));
+  return shape_args(c, kernel_layout, csa_kernel::tail_row_stats_code(epilogue_code(c.tail)));
 }
 std::string row_kernel_shape_args(const Config& c, int kernel_layout) {
-  return tail_form_shape_args(c, kernel_layout,
-                              csa_kernel::tail_row_kernel_code(epilogue_code(c.tail)));
+  return shape_args(c, kernel_layout, csa_kernel::tail_row_kernel_code(epilogue_code(c.tail)));
 }
 
 ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::string& label,
@@ -129,17 +135,14 @@ int add_long_window_kernel(ModuleBuilder& m, const Config& c, int kernel_layout,
     return m.add(t, s.vec, s.cols, s.threads, s.serial, s.fast_exp);
   }
   if (direction == Direction::kBackward) {
-    if (s.row_stats) m.set_shape(row_stats_shape_args(c, kernel_layout));
-    const int slot = m.add(kt::kLaneWindowBackward, s.vec, s.cols / s.vec, s.window_lanes(),
-                           s.stages, s.fast_exp, s.atomic_ape);
-    m.set_shape(shape_args(c, kernel_layout));
-    return slot;
+    return m.add_in_shape(
+        s.row_stats ? row_stats_shape_args(c, kernel_layout) : shape_args(c, kernel_layout),
+        kt::kLaneWindowBackward, s.vec, s.cols / s.vec, s.window_lanes(), s.stages, s.fast_exp,
+        s.atomic_ape);
   }
-  if (s.row_kernel) m.set_shape(row_kernel_shape_args(c, kernel_layout));
-  const int slot =
-      m.add(kt::kLaneWindowForward, s.vec, s.cols / s.vec, s.window_lanes(), s.serial, s.fast_exp);
-  m.set_shape(shape_args(c, kernel_layout));
-  return slot;
+  return m.add_in_shape(
+      s.row_kernel ? row_kernel_shape_args(c, kernel_layout) : shape_args(c, kernel_layout),
+      kt::kLaneWindowForward, s.vec, s.cols / s.vec, s.window_lanes(), s.serial, s.fast_exp);
 }
 
 }  // namespace
@@ -237,15 +240,13 @@ ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
   auto& slots = spec.slots.long_window;
   if (std::any_of(backward.begin(), backward.end(),
                   [](const schedule::LongWindowSchedule& b) { return b.row_stats; })) {
-    m.set_shape(row_stats_shape_args(c, kernel_layout));
-    slots.row_stats = m.add(kt::kTailRowStats, kRowStatsThreads);
-    m.set_shape(shape_args(c, kernel_layout));
+    slots.row_stats =
+        m.add_in_shape(row_stats_shape_args(c, kernel_layout), kt::kTailRowStats, kRowStatsThreads);
   }
   if (std::any_of(forward.begin(), forward.end(),
                   [](const schedule::LongWindowSchedule& f) { return f.row_kernel; })) {
-    m.set_shape(row_kernel_shape_args(c, kernel_layout));
-    slots.rows_forward = m.add(kt::kTailRowsForward, kTailRowsThreads);
-    m.set_shape(shape_args(c, kernel_layout));
+    slots.rows_forward = m.add_in_shape(row_kernel_shape_args(c, kernel_layout),
+                                        kt::kTailRowsForward, kTailRowsThreads);
   }
   slots.ape_reduce = m.add(kt::kApeReduce, kApeReduceLanes);
   // The tail's reduction also writes grad_w: the scalar one (backward_long).

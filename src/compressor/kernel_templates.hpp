@@ -100,6 +100,15 @@ class ModuleBuilder {
   int add(const KernelTemplate<N, F>& t, const Args&... args) {
     return add_expression(t.header, expression(t, args...), std::nullopt);
   }
+  // add() of one instance under other shape arguments (a tail form's I/O policy); the module's
+  // shape is kept for the instances after it.
+  template <int N, int F, class... Args>
+  int add_in_shape(const std::string& shape, const KernelTemplate<N, F>& t, const Args&... args) {
+    std::string kept = std::exchange(shape_, shape);
+    const int slot = add(t, args...);
+    shape_ = std::move(kept);
+    return slot;
+  }
   // The same for a template whose last parameter is its residency (the CTAs per SM of
   // `threads` threads its registers must fit; 0: ptxas's choice), or whose residency its form
   // follows (named in form 0), which register fitting may change (register_fit.hpp).

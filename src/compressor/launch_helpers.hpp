@@ -115,16 +115,18 @@ struct BackwardWorkspace {
   }
 };
 
-// The tail backward's row-stats form, its first kernel (kernels/tail_row_stats.cuh): a warp per
-// pooled row writes the row's norm scalars to params.row_stats.
-inline void launch_row_stats(const driver::Driver& d, CUkernel kernel,
-                             const csa_kernel::BackwardParams& params, std::int64_t rows,
-                             int threads, bool programmatic, CUstream stream) {
+// A kernel of the tail's rows (kernels/tail_row_stats.cuh: a warp a row writes its norm scalars;
+// tail_rows_forward.cuh: whole rows run the tail): `rows` rows, `rows_per_cta` in each CTA of
+// `threads` threads.
+template <class Params>
+void launch_rows(const driver::Driver& d, CUkernel kernel, const Params& params, std::int64_t rows,
+                 int rows_per_cta, int threads, bool programmatic, CUstream stream,
+                 const char* what) {
   launch::LaunchShape shape;
-  shape.grid_x = blocks_for(rows, static_cast<unsigned>(threads / 32));
+  shape.grid_x = blocks_for(rows, static_cast<unsigned>(rows_per_cta));
   shape.block_x = static_cast<unsigned>(threads);
   shape.programmatic = programmatic;
-  launch::launch(d, kernel, shape, params, stream, "row-stats launch");
+  launch::launch(d, kernel, shape, params, stream, what);
 }
 
 // The CTA of a grad_ape reduction kernel: `columns` x `lanes` threads, each thread summing

@@ -17,7 +17,7 @@ using detail::fill_gradients;
 using detail::fill_inputs;
 using detail::fill_output;
 using detail::launch_ape_reduce;
-using detail::launch_row_stats;
+using detail::launch_rows;
 using detail::StreamScratch;
 
 ModuleSpec Service::long_window_spec(const Config& config, int kernel_layout,
@@ -156,13 +156,9 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   launch::launch(driver(), p.kernel(b.slot), shape, params, stream, "long-window forward launch");
   if (!row_kernel) return;
   const int vec = csa_kernel::tail_rows_vec(a.config.head_dim, kTailRowsThreads);
-  const int rows_per_cta = kTailRowsThreads / (a.config.head_dim / vec);
-  launch::LaunchShape rows;
-  rows.grid_x = static_cast<unsigned>((a.total_comp + rows_per_cta - 1) / rows_per_cta);
-  rows.block_x = kTailRowsThreads;
-  rows.programmatic = p.programmatic;
-  launch::launch(driver(), p.kernel(p.slots.long_window.rows_forward), rows, params, stream,
-                 "tail rows launch");
+  launch_rows(driver(), p.kernel(p.slots.long_window.rows_forward), params, a.total_comp,
+              kTailRowsThreads / (a.config.head_dim / vec), kTailRowsThreads, p.programmatic,
+              stream, "tail rows launch");
 }
 
 void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream stream) {
@@ -199,8 +195,9 @@ void Service::backward_long(const Prepared& p, const BackwardArgs& a, CUstream s
   if (row_stats) {
     // The tail's row-stats form (kernels/tail_row_stats.cuh): each row's norm scalars first.
     params.row_stats = device_ptr<float>(workspace) + layout.partial_floats;
-    launch_row_stats(d, p.kernel(p.slots.long_window.row_stats), params, a.total_comp,
-                     kRowStatsThreads, p.programmatic, stream);
+    launch_rows(d, p.kernel(p.slots.long_window.row_stats), params, a.total_comp,
+                kRowStatsThreads / 32, kRowStatsThreads, p.programmatic, stream,
+                "row-stats launch");
   }
   if (atomic) {  // one launch adding into grad_ape; the claim words are per column slice (y)
     // Claim words: the stream's, or under capture the call's own; without any left (captured

@@ -20,7 +20,7 @@ using detail::fill_gradients;
 using detail::fill_inputs;
 using detail::fill_output;
 using detail::launch_ape_reduce;
-using detail::launch_row_stats;
+using detail::launch_rows;
 using detail::StreamScratch;
 
 namespace {
@@ -147,8 +147,8 @@ void Service::launch_backward(const Prepared& p, const BackwardArgs& a, CUstream
   if (row_stats) {
     params.pooled = a.pooled;
     params.row_stats = device_ptr<float>(workspace) + layout.partial_floats;
-    launch_row_stats(d, p.kernel(slots.row_stats), params, a.total_comp, kRowStatsThreads,
-                     p.programmatic, stream);
+    launch_rows(d, p.kernel(slots.row_stats), params, a.total_comp, kRowStatsThreads / 32,
+                kRowStatsThreads, p.programmatic, stream, "row-stats launch");
   }
   if (!fixed_order) {
     prepare_atomic_grad_ape(params, a, ape_elems, words, stream);
