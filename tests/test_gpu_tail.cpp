@@ -548,6 +548,8 @@ TEST_P(GpuTail, RowStatsBackwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
 }
 
 // The device's schedule table with one entry ahead of the others, in g_runtime while it lives.
+// NOTE: an entry keyed by dtype and layout outranks an unkeyed one wherever it stands, so a
+// leading entry names the call's dtype and layout.
 class LeadingScheduleEntry {
  public:
   explicit LeadingScheduleEntry(const std::string& entry)
@@ -580,10 +582,11 @@ TEST_P(GpuTail, LongWindowRowStatsBackwardMeetsTheChainReferenceAndBeatsTheUnfus
     SCOPED_TRACE(bucket);
     const LeadingScheduleEntry entry(fmt::format(
         R"({{"family": "long_window", "direction": "backward", "coff": {}, "head_dim": [{}, {}],
-            "ratio": [{}, {}], "tail": "{}", "buckets": [{{"max_rows": null, {},
-            "serial": false, "fast_exp": true, "rows_per_cta": 0, "grad_ape": "atomic",
-            "tail_backward": "row_stats"}}]}})",
-        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), bucket));
+            "ratio": [{}, {}], "tail": "{}", "dtype": "{}", "layout": "{}",
+            "buckets": [{{"max_rows": null, {}, "serial": false, "fast_exp": true,
+            "rows_per_cta": 0, "grad_ape": "atomic", "tail_backward": "row_stats"}}]}})",
+        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), dtype_name(c.dtype),
+        layout_name(c.layout), bucket));
     const std::string chosen =
         g_runtime->select_schedule(config, Direction::kBackward, 64, device_arch()).schedule;
     ASSERT_NE(chosen.find("tail_backward=row_stats"), std::string::npos) << chosen;
@@ -604,9 +607,10 @@ TEST_P(GpuTail, LongWindowRowKernelForwardMeetsTheChainReferenceAndBeatsTheUnfus
     SCOPED_TRACE(bucket);
     const LeadingScheduleEntry entry(fmt::format(
         R"({{"family": "long_window", "direction": "forward", "coff": {}, "head_dim": [{}, {}],
-            "ratio": [{}, {}], "tail": "{}", "buckets": [{{"max_rows": null, {},
-            "tail_forward": "row_kernel"}}]}})",
-        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), bucket));
+            "ratio": [{}, {}], "tail": "{}", "dtype": "{}", "layout": "{}",
+            "buckets": [{{"max_rows": null, {}, "tail_forward": "row_kernel"}}]}})",
+        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), dtype_name(c.dtype),
+        layout_name(c.layout), bucket));
     const Config config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail};
     const std::string chosen =
         g_runtime->select_schedule(config, Direction::kForward, 64, device_arch()).schedule;
