@@ -141,7 +141,7 @@ TEST(TunePlan, MergedTablePutsTunedEntriesFirstAndStaysValid) {
       {"entries",
        {tuned, tools::make_entry(c, Direction::kBackward, nlohmann::json::array({bucket}))}}};
   base["entries"][1]["buckets"][0]["rows_per_cta"] = 0;
-  const auto merged = tools::merge_entries(base, {tuned}, "test");
+  const auto merged = tools::merge_entries(base, {tuned}, c, "test");
   ASSERT_EQ(merged["entries"].size(), 2u);  // the old forward entry was replaced
   EXPECT_EQ(merged["entries"][0]["direction"], "forward");
   EXPECT_EQ(merged["origin"], "test");
@@ -162,10 +162,10 @@ TEST(TunePlan, EntriesOfAnotherTypeOrLayoutAreKeyedAndReplaceOnlyTheirOwn) {
   EXPECT_EQ(keyed["dtype"], "fp32");
   EXPECT_EQ(keyed["layout"], "sbhd");
   const nlohmann::json base = {{"schema_version", 1}, {"arch", "sm_90"}, {"entries", {plain}}};
-  const auto merged = tools::merge_entries(base, {keyed}, "test");
+  const auto merged = tools::merge_entries(base, {keyed}, c, "test");
   ASSERT_EQ(merged["entries"].size(), 2u);  // the unkeyed entry still serves other calls
   EXPECT_EQ(merged["entries"][0], keyed);
-  EXPECT_EQ(tools::merge_entries(merged, {keyed}, "again")["entries"].size(), 2u);
+  EXPECT_EQ(tools::merge_entries(merged, {keyed}, c, "again")["entries"].size(), 2u);
   EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
 }
 
@@ -212,11 +212,25 @@ TEST(TunePlan, TailEntriesAreKeyedOnTheTailAndFitTheTailsForms) {
       tools::make_entry(plain_config, Direction::kForward, nlohmann::json::array({bucket}));
   EXPECT_FALSE(plain.contains("tail"));
   const nlohmann::json base = {{"schema_version", 1}, {"arch", "sm_90"}, {"entries", {plain}}};
-  const auto merged = tools::merge_entries(base, {tail}, "test");
+  const auto merged = tools::merge_entries(base, {tail}, c, "test");
   ASSERT_EQ(merged["entries"].size(), 2u);  // the plain entry still serves plain calls
   EXPECT_EQ(merged["entries"][0], tail);
-  EXPECT_EQ(tools::merge_entries(merged, {tail}, "again")["entries"].size(), 2u);
+  EXPECT_EQ(tools::merge_entries(merged, {tail}, c, "again")["entries"].size(), 2u);
   EXPECT_NO_THROW(validate_schedule_table(merged.dump(), "merged"));
+
+  // A base tail entry keyed on bf16 THD would outrank the (unkeyed) bf16 THD measurement on the
+  // very calls it measured, so it goes; one keyed on another type stays.
+  nlohmann::json bf16_thd = tail, fp16 = tail;
+  bf16_thd["dtype"] = "bf16";
+  bf16_thd["layout"] = "thd";
+  fp16["dtype"] = "fp16";
+  const nlohmann::json keyed_base = {
+      {"schema_version", 1}, {"arch", "sm_90"}, {"entries", {bf16_thd, fp16, plain}}};
+  const auto retuned = tools::merge_entries(keyed_base, {tail}, c, "test");
+  ASSERT_EQ(retuned["entries"].size(), 3u);
+  EXPECT_EQ(retuned["entries"][0], tail);
+  EXPECT_EQ(retuned["entries"][1], fp16);
+  EXPECT_EQ(retuned["entries"][2], plain);
 }
 
 TEST(TunePlan, SmallForwardOutputsKeepTheBitwiseBuckets) {

@@ -3,8 +3,8 @@
 // picks one per measured row count (the fastest; the bitwise one when within 10 %; for forward
 // outputs under 16K elements the fastest bitwise one at each measured row count there), and
 // writes a schedule table: the table serving this device's arch with the tuned entries put first
-// (keyed on the type, layout and tail unless bf16 THD without a tail, replacing only entries
-// with the same keys).
+// (keyed on the type and layout unless bf16 THD, and on the tail; replacing the entries that
+// would outrank them on the measured calls).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -224,7 +224,7 @@ void run_tune(Runtime& rt, const TuneOptions& o) {
                                           : nlohmann::json::parse(base_text);
   base["arch"] = arch;
   const nlohmann::json table = merge_entries(
-      base, entries,
+      base, entries, c,
       fmt::format("csa tune ratio={} coff={} head_dim={} {} {}{} on {}, rows {}", c.ratio, c.coff,
                   c.head_dim, dtype_name(c.dtype), layout_name(c.layout),
                   c.tail.any() ? " tail=" + tail_name(c.tail) : "", dev.name,

@@ -256,18 +256,27 @@ nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::j
 }
 
 nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::json>& entries,
-                             const std::string& origin) {
+                             const Config& measured, const std::string& origin) {
+  auto key = [](const nlohmann::json& x, const char* k) {
+    return x.contains(k) ? x[k] : nlohmann::json(nullptr);
+  };
+  // The dtype / layout keys an entry names, and whether they admit the measured call.
+  auto keys = [](const nlohmann::json& x) {
+    return static_cast<int>(x.contains("dtype")) + static_cast<int>(x.contains("layout"));
+  };
+  auto serves_measured = [&](const nlohmann::json& x) {
+    return (!x.contains("dtype") || x["dtype"] == dtype_name(measured.dtype)) &&
+           (!x.contains("layout") || x["layout"] == layout_name(measured.layout));
+  };
   nlohmann::json merged = nlohmann::json::array();
   for (const auto& e : entries) merged.push_back(e);
   for (const auto& old : base["entries"]) {
+    // NOTE: a base entry with as many keys that also serves the measured call would outrank
+    // (or shadow) the tuned entry there; one with fewer keys still serves the other calls.
     const bool replaced = std::any_of(entries.begin(), entries.end(), [&](const auto& e) {
-      auto key = [](const nlohmann::json& x, const char* k) {
-        return x.contains(k) ? x[k] : nlohmann::json(nullptr);
-      };
       return e["direction"] == old["direction"] && e["coff"] == old["coff"] &&
              e["head_dim"] == old["head_dim"] && e["ratio"] == old["ratio"] &&
-             key(e, "dtype") == key(old, "dtype") && key(e, "layout") == key(old, "layout") &&
-             key(e, "tail") == key(old, "tail");
+             key(e, "tail") == key(old, "tail") && serves_measured(old) && keys(old) >= keys(e);
     });
     if (!replaced) merged.push_back(old);
   }

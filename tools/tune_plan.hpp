@@ -69,10 +69,12 @@ nlohmann::json with_bitwise_small_rows(const nlohmann::json& buckets, const nloh
 // they are bf16 THD, and on its tail if it has one.
 nlohmann::json make_entry(const Config& config, Direction direction, nlohmann::json buckets);
 
-// `base` (a schedule table) with `entries` put first, so they win the first-match selection;
-// entries of `base` for the same (direction, coff, head_dim, ratio) ranges and the same
-// dtype / layout / tail keys are dropped.
+// `base` (a schedule table) with `entries` (measured on `measured`'s dtype and layout) put
+// first; an entry of `base` for the same (direction, coff, head_dim, ratio) ranges and tail is
+// dropped where it also serves the measured dtype and layout with at least as many dtype /
+// layout keys, since it would outrank the tuned entry there (a shipped tail entry keyed bf16
+// THD against a bf16 THD measurement, which is unkeyed).
 nlohmann::json merge_entries(nlohmann::json base, const std::vector<nlohmann::json>& entries,
-                             const std::string& origin);
+                             const Config& measured, const std::string& origin);
 
 }  // namespace csa::tools
