@@ -77,7 +77,7 @@ struct LongTail {
           load_raw<E, VEC>(IO::in(p.grad_out) + row * L::out_stride(p, p.grad_out_stride) + c),
           in.g);
       if constexpr (Tail::kNorm) {
-        load_f32<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + c, in.x);
+        load_f32_written<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + c, in.x);
         return;
       }
     } else {
@@ -147,11 +147,11 @@ struct LongRowStats {
   __device__ __forceinline__ void issue(const BackwardParams& p, int row, int col, int block,
                                         bool active) {
     if (active) {
-      load_f32<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + col, x);
+      load_f32_written<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + col, x);
       Tail::template read_operands<VEC, HEAD_DIM>(p, col, block, op);
     }
     pdl_wait();
-    if (active) stats = __ldg(reinterpret_cast<const float2*>(p.row_stats) + row);
+    if (active) stats = __ldcg(reinterpret_cast<const float2*>(p.row_stats) + row);
   }
 
   // `g`: grad_y of this thread's columns on entry, the pooled row's gradient on return; the

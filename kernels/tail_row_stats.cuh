@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(THREADS)
     Tail::template read_operands<VEC, HEAD_DIM>(p, c, w.block, op);
     float g[VEC], x[VEC];
     load_vec<E, VEC>(grad_y + c, g);
-    load_f32<VEC>(pooled + c, x);
+    load_f32_written<VEC>(pooled + c, x);
     Tail::template rope_transposed_columns<E, VEC, HEAD_DIM>(grad_y, c, op, g);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {

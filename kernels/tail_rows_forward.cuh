@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(THREADS)
   Tail::template read_operands<VEC, HEAD_DIM>(p, c, has_row ? w.block : 0, op);
   float x[VEC];
   if (has_row) {
-    load_f32<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + c, x);
+    load_f32_written<VEC>(p.pooled + static_cast<long long>(row) * HEAD_DIM + c, x);
   } else {
 #pragma unroll
     for (int v = 0; v < VEC; ++v) x[v] = 0.0f;
