@@ -234,22 +234,29 @@ __device__ __forceinline__ float neg_inf() {
   return __int_as_float(0xff800000);
 }
 
-// VEC floats through the read-only data cache (ld.global.nc): for data that no grid may write
-// while this kernel runs. NOTE: that excludes what a programmatic predecessor writes (the
-// pooled rows, the row scalars, the fixed order's partials): it may still be running when this
-// kernel starts, so those go through load_f32_written.
-template <int VEC>
-__device__ __forceinline__ void load_f32(const float* p, float (&v)[VEC]) {
+// One value through the read-only data cache (ld.global.nc), or (WRITTEN) from L2
+// (ld.global.cg).
+template <bool WRITTEN, class T>
+__device__ __forceinline__ T load_cached(const T* p) {
+  if constexpr (WRITTEN) {
+    return __ldcg(p);
+  } else {
+    return __ldg(p);
+  }
+}
+
+template <bool WRITTEN, int VEC>
+__device__ __forceinline__ void load_f32_as(const float* p, float (&v)[VEC]) {
   if constexpr (VEC == 1) {
-    v[0] = __ldg(p);
+    v[0] = load_cached<WRITTEN>(p);
   } else if constexpr (VEC == 2) {
-    const float2 u = __ldg(reinterpret_cast<const float2*>(p));
+    const float2 u = load_cached<WRITTEN>(reinterpret_cast<const float2*>(p));
     v[0] = u.x;
     v[1] = u.y;
   } else {
 #pragma unroll
     for (int i = 0; i < VEC; i += 4) {
-      const float4 u = __ldg(reinterpret_cast<const float4*>(p + i));
+      const float4 u = load_cached<WRITTEN>(reinterpret_cast<const float4*>(p + i));
       v[i] = u.x;
       v[i + 1] = u.y;
       v[i + 2] = u.z;
@@ -258,27 +265,21 @@ __device__ __forceinline__ void load_f32(const float* p, float (&v)[VEC]) {
   }
 }
 
-// VEC floats from L2 (ld.global.cg): data an earlier kernel of the stream wrote, which a
-// programmatic predecessor may still have been writing at this kernel's launch (read after
-// pdl_wait / pdl_enter).
+// VEC floats through the read-only data cache: for data that no grid may write while this
+// kernel runs. NOTE: that excludes what a programmatic predecessor writes (the pooled rows,
+// the row scalars, the fixed order's partials): it may still be running when this kernel
+// starts, so those go through load_f32_written.
+template <int VEC>
+__device__ __forceinline__ void load_f32(const float* p, float (&v)[VEC]) {
+  load_f32_as<false, VEC>(p, v);
+}
+
+// VEC floats from L2: data an earlier kernel of the stream wrote, which a programmatic
+// predecessor may still have been writing at this kernel's launch (read after pdl_wait /
+// pdl_enter).
 template <int VEC>
 __device__ __forceinline__ void load_f32_written(const float* p, float (&v)[VEC]) {
-  if constexpr (VEC == 1) {
-    v[0] = __ldcg(p);
-  } else if constexpr (VEC == 2) {
-    const float2 u = __ldcg(reinterpret_cast<const float2*>(p));
-    v[0] = u.x;
-    v[1] = u.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < VEC; i += 4) {
-      const float4 u = __ldcg(reinterpret_cast<const float4*>(p + i));
-      v[i] = u.x;
-      v[i + 1] = u.y;
-      v[i + 2] = u.z;
-      v[i + 3] = u.w;
-    }
-  }
+  load_f32_as<true, VEC>(p, v);
 }
 
 __device__ __forceinline__ int clamp_i32(long long v, int lo, int hi) {
