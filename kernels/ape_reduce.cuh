@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(256) ape_reduce_quads(const __grid_constant__ 
     const float4* src = reinterpret_cast<const float4*>(p.workspace) + q;
 #pragma unroll 8
     for (int g = threadIdx.y; g < p.groups; g += LANES) {
-      // NOTE: the partials' writer is this kernel's programmatic predecessor: read from L2.
-      add_rn_into(s, __ldcg(src + static_cast<long long>(g) * quads));
+      // NOTE: the partials' writer is this kernel's programmatic predecessor.
+      add_rn_into(s, load_written(src + static_cast<long long>(g) * quads));
     }
   }
   if constexpr (LANES > 1) {

@@ -245,6 +245,12 @@ __device__ __forceinline__ T load_cached(const T* p) {
   }
 }
 
+// One value an earlier kernel of the stream wrote, from L2 (load_f32_written's rule).
+template <class T>
+__device__ __forceinline__ T load_written(const T* p) {
+  return load_cached<true>(p);
+}
+
 template <bool WRITTEN, int VEC>
 __device__ __forceinline__ void load_f32_as(const float* p, float (&v)[VEC]) {
   if constexpr (VEC == 1) {

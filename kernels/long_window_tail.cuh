@@ -151,7 +151,7 @@ struct LongRowStats {
       Tail::template read_operands<VEC, HEAD_DIM>(p, col, block, op);
     }
     pdl_wait();
-    if (active) stats = __ldcg(reinterpret_cast<const float2*>(p.row_stats) + row);
+    if (active) stats = load_written(reinterpret_cast<const float2*>(p.row_stats) + row);
   }
 
   // `g`: grad_y of this thread's columns on entry, the pooled row's gradient on return; the

@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
       [[maybe_unused]] float2 stats;
       if constexpr (ROW_STATS) {
         pdl_wait();  // the row scalars of tail_row_stats (the window's loads are out)
-        stats = __ldcg(reinterpret_cast<const float2*>(p.row_stats) + row);
+        stats = load_written(reinterpret_cast<const float2*>(p.row_stats) + row);
       }
       const long long gkb = gk_rows.at(w.t0) + row_col;
       const long long gsb = gs_rows.at(w.t0) + row_col;
