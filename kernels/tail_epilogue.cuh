@@ -256,6 +256,9 @@ struct TailEpilogue {
         x[0] = rotate<TRANSPOSED>(x[0], other, (col - FIRST) % 2 == 0, op.cos[0], op.sin[0]);
     } else {
       // Half-split pairs (i, i + HALF) cross threads: exchanged through the CTA's rows.
+      // NOTE: the transposed rotation follows the Hadamard transform, whose last stage may have
+      // read this buffer: a barrier first.
+      if constexpr (TRANSPOSED && kHadamard) row_barrier<NCV, THREADS>(tid);
       float* const row_xs = xs + (tid / NCV) * HEAD_DIM;
 #pragma unroll
       for (int v = 0; v < VEC; ++v) row_xs[col + v] = x[v];
@@ -272,10 +275,24 @@ struct TailEpilogue {
     }
   }
 
-  // The butterflies of strides 1, 2, 4, ... (a + b, a − b), then the product by d^-1/2.
-  template <int VEC, int HEAD_DIM, int NCV, int THREADS>
-  static __device__ __forceinline__ void hadamard(float (&x)[VEC], float* xs, int tid) {
+  // The row's exchange buffers of the Hadamard transform's cross-warp stages: two, used in
+  // turn, so that a stage (or the next row) writes one while no thread still reads it from the
+  // stage before, with one barrier a stage.
+  static constexpr int kExchangeBuffers = kHadamard ? 2 : 1;
+
+  // The butterflies of strides 1, 2, 4, ... (a + b, a − b), then the product by d^-1/2; with
+  // N > 0 also the row's sums of the N values `s` per thread (row_sums's order and bits),
+  // reduced alongside: their shuffles interleaved with the butterflies', their cross-warp step
+  // behind the first cross-warp stage's barrier. `xs`: kExchangeBuffers buffers of THREADS * VEC
+  // floats, `buffer` the first stage's; `red`: N floats a warp.
+  // NOTE: one row barrier a cross-warp stage and none after the last: the caller's next write
+  // of a buffer must follow another barrier of the row (the next stage's, the next row's sums,
+  // or the caller's own).
+  template <int VEC, int HEAD_DIM, int NCV, int THREADS, int N>
+  static __device__ __forceinline__ void hadamard(float (&x)[VEC], float (&s)[N > 0 ? N : 1],
+                                                  float* xs, float* red, int tid, int buffer) {
     static_assert((HEAD_DIM & (HEAD_DIM - 1)) == 0, "the Hadamard transform needs 2^k columns");
+    constexpr int WIDTH = NCV < 32 ? NCV : 32;
 #pragma unroll
     for (int h = 1; h < VEC; h <<= 1)
 #pragma unroll
@@ -287,22 +304,45 @@ struct TailEpilogue {
         x[v + h] = __fsub_rn(a, b);
       }
     const int lane = tid % NCV;  // the row's thread: columns lane * VEC ...
+    // Within the warp: the butterflies' strides upward, the sums' downward (row_sums's order).
 #pragma unroll
-    for (int m = 1; m < NCV; m <<= 1) {
-      const bool upper = (lane & m) != 0;
+    for (int m = 1, o = WIDTH / 2; m < WIDTH; m <<= 1, o >>= 1) {
       float other[VEC];
-      if (m < 32) {
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) other[v] = __shfl_xor_sync(0xffffffffu, x[v], m);
-      } else {
-        // The partner thread is in another warp of the row: tid ^ m (NCV is 2^k).
+      for (int v = 0; v < VEC; ++v) other[v] = __shfl_xor_sync(0xffffffffu, x[v], m);
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) xs[tid * VEC + v] = x[v];
-        row_barrier<NCV, THREADS>(tid);
+      for (int i = 0; i < N; ++i) s[i] = __fadd_rn(s[i], __shfl_xor_sync(0xffffffffu, s[i], o));
+      const bool upper = (lane & m) != 0;
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) other[v] = xs[(tid ^ m) * VEC + v];
-        row_barrier<NCV, THREADS>(tid);
+      for (int v = 0; v < VEC; ++v)
+        x[v] = upper ? __fsub_rn(other[v], x[v]) : __fadd_rn(x[v], other[v]);
+    }
+    // Across the row's warps: the partner thread is tid ^ m (NCV is 2^k).
+#pragma unroll
+    for (int m = 32; m < NCV; m <<= 1) {
+      float* const stage = xs + (buffer & (kExchangeBuffers - 1)) * (THREADS * VEC);
+      buffer ^= 1;
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) stage[tid * VEC + v] = x[v];
+      if (N > 0 && m == 32 && tid % 32 == 0) {
+#pragma unroll
+        for (int i = 0; i < N; ++i) red[i * (THREADS / 32) + tid / 32] = s[i];
       }
+      row_barrier<NCV, THREADS>(tid);
+      float other[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) other[v] = stage[(tid ^ m) * VEC + v];
+      if (N > 0 && m == 32) {
+        constexpr int WARPS = NCV / 32;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const float* mine = red + i * (THREADS / 32) + (tid / NCV) * WARPS;
+          s[i] = mine[0];
+#pragma unroll
+          for (int w = 1; w < WARPS; ++w) s[i] = __fadd_rn(s[i], mine[w]);
+        }
+      }
+      const bool upper = (lane & m) != 0;
 #pragma unroll
       for (int v = 0; v < VEC; ++v)
         x[v] = upper ? __fsub_rn(other[v], x[v]) : __fadd_rn(x[v], other[v]);
@@ -357,14 +397,36 @@ struct TailEpilogue {
     constexpr int NCV = HEAD_DIM / VEC;
     static_assert(tail_row_threads_ok(NCV) && THREADS % NCV == 0 && THREADS % 32 == 0,
                   "a tail kernel's CTA holds whole rows in whole warps");
-    __shared__ __align__(16) float xs[THREADS * VEC];  // the CTA's rows, row-major
+    // The CTA's rows, row-major (kExchangeBuffers copies).
+    __shared__ __align__(16) float xs[kExchangeBuffers * THREADS * VEC];
     __shared__ float red[THREADS / 32];
-    if constexpr (kNorm) {
-      const float rstd = norm<VEC, HEAD_DIM, NCV, THREADS>(p, op, x, red, tid);
-      if (has_row && col == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
+    if constexpr (kHadamard) {
+      // The stages after the norm's product are linear: the row is weighted, rotated and
+      // transformed first and multiplied by rstd last, so that the row's sum of squares is
+      // reduced alongside the butterflies rather than before them.
+      float ss[1] = {0.0f};
+      if constexpr (kNorm) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          ss[0] = __fadd_rn(ss[0], __fmul_rn(x[v], x[v]));
+          x[v] = __fmul_rn(x[v], op.w[v]);
+        }
+      }
+      if constexpr (kRopeDim > 0) rope<false, VEC, HEAD_DIM, NCV, THREADS>(col, op, x, xs, tid);
+      hadamard<VEC, HEAD_DIM, NCV, THREADS, kNorm ? 1 : 0>(x, ss, xs, red, tid, 0);
+      if constexpr (kNorm) {
+        const float rstd = rstd_of<HEAD_DIM>(ss[0], p.eps);
+        if (has_row && col == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) x[v] = __fmul_rn(x[v], rstd);
+      }
+    } else {
+      if constexpr (kNorm) {
+        const float rstd = norm<VEC, HEAD_DIM, NCV, THREADS>(p, op, x, red, tid);
+        if (has_row && col == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
+      }
+      if constexpr (kRopeDim > 0) rope<false, VEC, HEAD_DIM, NCV, THREADS>(col, op, x, xs, tid);
     }
-    if constexpr (kRopeDim > 0) rope<false, VEC, HEAD_DIM, NCV, THREADS>(col, op, x, xs, tid);
-    if constexpr (kHadamard) hadamard<VEC, HEAD_DIM, NCV, THREADS>(x, xs, tid);
     if (has_row) store_vec<E, VEC>(dst, x);
   }
 
@@ -454,10 +516,17 @@ struct TailEpilogue {
     constexpr int NCV = HEAD_DIM / VEC;
     static_assert(tail_row_threads_ok(NCV) && THREADS % NCV == 0 && THREADS % 32 == 0,
                   "a tail kernel's CTA holds whole rows in whole warps");
-    __shared__ __align__(16) float xs[THREADS * VEC];
+    __shared__ __align__(16) float xs[kExchangeBuffers * THREADS * VEC];
     __shared__ float red[2][2 * (THREADS / 32)];
-    // The Hadamard transform is its own transpose.
-    if constexpr (kHadamard) hadamard<VEC, HEAD_DIM, NCV, THREADS>(g, xs, tid);
+    // The Hadamard transform is its own transpose. Its buffers alternate with the rows' parity
+    // where it has an odd number of cross-warp stages, so that they alternate stage by stage.
+    if constexpr (kHadamard) {
+      float none[1];
+      int cross_stages = 0;
+      for (int m = 32; m < NCV; m <<= 1) ++cross_stages;
+      hadamard<VEC, HEAD_DIM, NCV, THREADS, 0>(g, none, xs, nullptr, tid,
+                                               cross_stages % 2 == 1 ? parity : 0);
+    }
     if constexpr (kRopeDim > 0) rope<true, VEC, HEAD_DIM, NCV, THREADS>(col, op, g, xs, tid);
     if constexpr (kNorm) {
       // gx = rstd · w · gn − x · rstd³ · (Σ w · gn · x) / d

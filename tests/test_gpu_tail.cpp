@@ -65,6 +65,9 @@ std::vector<TailCase> all_cases() {
       {8, 2, 512, shape(false, 0, true), DType::kBf16, Layout::kThd},
       {4, 2, 96, shape(true, 32, false), DType::kBf16, Layout::kThd},
       {16, 1, 64, shape(true, 64, true, false), DType::kBf16, Layout::kThd},
+      // Rows across four warps: the Hadamard transform's two cross-warp stages and the
+      // half-split rotation's exchange after them in the backward.
+      {16, 1, 256, shape(true, 64, true, false), DType::kBf16, Layout::kThd},
       // The long-window family (ratio > 16): the production tail, a coff-2 one with every
       // stage, the rotation and the Hadamard without the norm, a bf16 weight at ratio 256.
       {128, 1, 512, shape(true, 64, false), DType::kBf16, Layout::kThd},

@@ -120,10 +120,12 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // The ring kernels of 64 registers a thread have none left for the row-stats form.
   if (s.stages > 1 && csa_kernel::lane_ring_tight_registers(s.threads, values()))
     s.row_stats = false;
-  // The tail's static shared memory: its rows (at most 8 floats a thread), the row sums and,
-  // backward, the pooled row's gradient (none in the row-stats and row-kernel forms).
+  // The tail's static shared memory: its rows (at most 8 floats a thread; twice with the
+  // Hadamard transform's two exchange buffers), the row sums and, backward, the pooled row's
+  // gradient (none in the row-stats and row-kernel forms).
   const bool whole_rows = c.tail.any() && !s.row_stats && !s.row_kernel;
-  const int tail_bytes = whole_rows ? s.threads * 8 * 4 + c.head_dim * 4 + 256 : 0;
+  const int row_floats = c.tail.hadamard ? 16 : 8;
+  const int tail_bytes = whole_rows ? s.threads * row_floats * 4 + c.head_dim * 4 + 256 : 0;
   const int static_bytes = s.threads * s.vec * smem_per_value + tail_bytes;
   while (s.stages > 1 &&
          static_bytes + long_window_shared_bytes(c, s) > shared_limit_for_arch(arch))

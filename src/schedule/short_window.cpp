@@ -139,10 +139,11 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& n
     fail(Status::kUnsupported, "no tail kernel serves head_dim {}", c.head_dim);
   // Static shared memory per CTA (48 KB): with row lanes, the grad_ape and grad_w folds
   // (lanes x (window slots + 1) rows of head_dim floats), and the rows' exchange and operand
-  // slots (4 floats a column a lane).
+  // slots (4 floats a column a lane; the Hadamard transform's second exchange buffer, 5).
+  const int exchange_and_operands = c.tail.hadamard ? 5 : 4;
   const auto shared_bytes = [&](int ty) {
     const std::int64_t row = std::int64_t{4} * c.head_dim * ty;
-    return (ty > 1 ? row * (c.coff * c.ratio + 1) : 0) + 4 * row + 1024;
+    return (ty > 1 ? row * (c.coff * c.ratio + 1) : 0) + exchange_and_operands * row + 1024;
   };
   // The row lanes of rows of `tx` threads: at most 8, 256 threads and the shared memory.
   const auto lanes = [&](int tx) {
