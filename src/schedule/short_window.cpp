@@ -190,6 +190,16 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& n
   }
 }
 
+// The tail's narrow forward (calls below forward_wide_min_elements): where a row spans two
+// warps or more, one row a CTA for windows of 8 slots and more, four rows of two warps for
+// smaller windows (docs/performance.md, the fused tail); else the plain rule's threads.
+int tail_narrow_forward_threads(const ShortWindowSchedule& s, const Config& c) {
+  const int vec = tail_vec(s.forward_vec, c.head_dim);
+  const int row_threads = vec > 0 ? c.head_dim / vec : 0;
+  if (row_threads < 64) return s.forward_narrow_threads;
+  return c.coff * c.ratio >= 8 ? row_threads : std::max(row_threads, 256);
+}
+
 }  // namespace
 
 ShortWindowSchedule select_short_window(const Config& c,
@@ -249,7 +259,10 @@ ShortWindowSchedule select_short_window(const Config& c,
     s.row_stats_fixed_order_default = s.fixed_order_default;
     s.row_stats_one_launch = s.one_launch;
   }
-  if (c.tail.any()) apply_tail_backward(s, c, named);
+  if (c.tail.any()) {
+    apply_tail_backward(s, c, named);
+    if (!named("fnt=")) s.forward_narrow_threads = tail_narrow_forward_threads(s, c);
+  }
   // An SM holds at most 2048 threads (and 32 CTAs). The rule's residency targets follow an
   // overridden block shape; a target the override names must fit it.
   const int backward_threads = s.backward_tx * s.backward_ty;
