@@ -11,7 +11,7 @@ graph over input sets rotated past the L2, time per call (median of replays):
             under ``torch.compile(fullgraph=True)`` with its backward by autograd, then
             ``torch.ops.csa.compress_backward`` from the pooled rows' gradient.
 
-    python3 tools/bench_tail_graph.py [--save out.json]
+    python3 tools/bench_tail_graph.py [--shape 4,2,128,1x4096 ...] [--save out.json]
 """
 
 from __future__ import annotations
@@ -141,6 +141,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--save", help="write the results as JSON to this file")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--shape", action="append", choices=[case[0] for case in CASES],
+                    help="only this production shape (repeatable; default: all)")
     args = ap.parse_args()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
@@ -150,6 +152,8 @@ def main() -> None:
           f"{'speedup':>8}")
     rows = []
     for shape, rope_dim, hadamard in CASES:
+        if args.shape and shape not in args.shape:
+            continue
         ratio, coff, d, lens = parse_shape(shape)
         total_comp = sum(n // ratio for n in lens)
         bytes_per_call = 2 * sum(lens) * coff * d * 2 * 2 + total_comp * d * 2 * 3
