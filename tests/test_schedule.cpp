@@ -160,6 +160,24 @@ TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
   EXPECT_THROW(schedule::select_short_window(c, std::string("fnt=16")), Error);
 }
 
+// The tail's narrow forward: four rows of two warps below 8 window slots where a row spans two
+// warps; from 8 slots the plain rule's threads, or one row where that is more.
+TEST(ShortWindowSchedule, TailNarrowForwardThreadsFollowTheWindow) {
+  auto threads = [](int ratio, int d, int coff, std::optional<std::string> overrides = {}) {
+    Config c{ratio, d, coff};
+    c.tail.norm = true;
+    c.tail.rope_dim = 64;
+    return schedule::select_short_window(c, overrides).forward_narrow_threads;
+  };
+  const int plain = schedule::select_short_window({4, 128, 2}).forward_narrow_threads;
+  EXPECT_EQ(threads(4, 128, 2), plain);
+  EXPECT_EQ(threads(2, 128, 2), 256);
+  EXPECT_EQ(threads(4, 512, 2), 256);
+  EXPECT_EQ(threads(2, 512, 2), 256);
+  EXPECT_EQ(threads(4, 128, 2, "fnt=64"), 64);
+  EXPECT_EQ(threads(2, 128, 2, "fnt=128"), 128);
+}
+
 TEST(ShortWindowSchedule, BlocksStayWithinLimits) {
   for (int d : {1, 2, 65, 128, 512, 4095, 4096})
     for (int ratio : {1, 4, 16})

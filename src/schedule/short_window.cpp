@@ -191,13 +191,15 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& n
 }
 
 // The tail's narrow forward (calls below forward_wide_min_elements): where a row spans two
-// warps or more, one row a CTA for windows of 8 slots and more, four rows of two warps for
-// smaller windows (docs/performance.md, the fused tail); else the plain rule's threads.
+// warps or more and the window has fewer than 8 slots, four rows of two warps; else the plain
+// rule's threads, or one row where that is more. One row a CTA from 8 slots measured faster
+// alone but slower followed by the backward (docs/performance.md, the fused tail).
 int tail_narrow_forward_threads(const ShortWindowSchedule& s, const Config& c) {
   const int vec = tail_vec(s.forward_vec, c.head_dim);
   const int row_threads = vec > 0 ? c.head_dim / vec : 0;
   if (row_threads < 64) return s.forward_narrow_threads;
-  return c.coff * c.ratio >= 8 ? row_threads : std::max(row_threads, 256);
+  return c.coff * c.ratio >= 8 ? std::max(row_threads, s.forward_narrow_threads)
+                               : std::max(row_threads, 256);
 }
 
 }  // namespace
