@@ -160,8 +160,8 @@ TEST(ShortWindowSchedule, LargeForwardCallsUseWideVectors) {
   EXPECT_THROW(schedule::select_short_window(c, std::string("fnt=16")), Error);
 }
 
-// The tail's narrow forward: four rows of two warps below 8 window slots where a row spans two
-// warps; from 8 slots the plain rule's threads, or one row where that is more.
+// The tail's narrow forward where a row spans two warps: 256 threads below 8 window slots,
+// from 8 slots the plain rule's threads; one row where that is more.
 TEST(ShortWindowSchedule, TailNarrowForwardThreadsFollowTheWindow) {
   auto threads = [](int ratio, int d, int coff, std::optional<std::string> overrides = {}) {
     Config c{ratio, d, coff};

@@ -191,15 +191,14 @@ void apply_tail_backward(ShortWindowSchedule& s, const Config& c, const Named& n
 }
 
 // The tail's narrow forward (calls below forward_wide_min_elements): where a row spans two
-// warps or more and the window has fewer than 8 slots, four rows of two warps; else the plain
-// rule's threads, or one row where that is more. One row a CTA from 8 slots measured faster
-// alone but slower followed by the backward (docs/performance.md, the fused tail).
+// warps or more, 256 threads for windows of fewer than 8 slots, else the plain rule's threads;
+// one row where that is more. One row a CTA from 8 slots measured faster alone but slower
+// followed by the backward (docs/performance.md, the fused tail).
 int tail_narrow_forward_threads(const ShortWindowSchedule& s, const Config& c) {
   const int vec = tail_vec(s.forward_vec, c.head_dim);
   const int row_threads = vec > 0 ? c.head_dim / vec : 0;
   if (row_threads < 64) return s.forward_narrow_threads;
-  return c.coff * c.ratio >= 8 ? std::max(row_threads, s.forward_narrow_threads)
-                               : std::max(row_threads, 256);
+  return std::max(row_threads, c.coff * c.ratio >= 8 ? s.forward_narrow_threads : 256);
 }
 
 }  // namespace
