@@ -92,6 +92,28 @@ __device__ __forceinline__ void atomic_add_quad(float* dst, float4 v) {
 #endif
 }
 
+// Adds VEC consecutive floats into global memory: 16-byte reductions where whole quads fit, an
+// 8-byte `red.global.add.v2.f32` for pairs (sm_90 and newer), scalar atomics otherwise. `dst`
+// must be aligned to the vector (VEC * 4 bytes, at most 16).
+template <int VEC>
+__device__ __forceinline__ void atomic_add_vec(float* dst, const float (&v)[VEC]) {
+  if constexpr (VEC % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4)
+      atomic_add_quad(dst + i, make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]));
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (VEC == 2) {
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(v[0]), "f"(v[1])
+                   : "memory");
+      return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) atomicAdd(dst + i, v[i]);
+  }
+}
+
 // Atomic grad_ape, overwriting, in one launch: a column block's grad_ape elements must be
 // zero before any of its CTAs adds into them, and nothing clears memory between calls. The
 // block's claim word `state` (zero when first allocated) holds

@@ -551,37 +551,32 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     if (!active) return;
     float* dst =
         FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS : p.grad_ape;
+    // Each thread's VEC columns of a slot as one vector: the partials' rows and grad_ape are
+    // aligned to it (W and the workspace's row groups are multiples of head_dim). grad_w is
+    // only 4-byte aligned: scalar atomics there.
+    static_assert(HEAD_DIM % VEC == 0 && (VEC & (VEC - 1)) == 0, "whole aligned vectors a slot");
+    using F32 = Element<kElementF32>;
+    const auto put = [&](float* at, const float(&v)[VEC]) {
+      if constexpr (FIXED_ORDER) {
+        store_vec<F32, VEC>(at, v);
+      } else {
+        atomic_add_vec<VEC>(at, v);
+      }
+    };
     if constexpr (GRAD_W) {
+      if constexpr (FIXED_ORDER) {
+        store_vec<F32, VEC>(dst + RATIO * W + col, dw);
+      } else {
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        if (FIXED_ORDER) {
-          dst[RATIO * W + col + v] = dw[v];
-        } else {
-          atomicAdd(p.grad_w + col + v, dw[v]);
-        }
+        for (int v = 0; v < VEC; ++v) atomicAdd(p.grad_w + col + v, dw[v]);
       }
     }
+    if constexpr (COFF == 2) {
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      if constexpr (COFF == 2) {
-#pragma unroll
-        for (int k = 0; k < RATIO; ++k) {
-          if (FIXED_ORDER) {
-            dst[k * W + col + v] = dape_prev[k][v];
-          } else {
-            atomicAdd(dst + k * W + col + v, dape_prev[k][v]);
-          }
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < RATIO; ++k) {
-        if (FIXED_ORDER) {
-          dst[k * W + OWN + col + v] = dape_own[k][v];
-        } else {
-          atomicAdd(dst + k * W + OWN + col + v, dape_own[k][v]);
-        }
-      }
+      for (int k = 0; k < RATIO; ++k) put(dst + k * W + col, dape_prev[k]);
     }
+#pragma unroll
+    for (int k = 0; k < RATIO; ++k) put(dst + k * W + OWN + col, dape_own[k]);
   }
 }
 
