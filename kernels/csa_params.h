@@ -78,13 +78,15 @@ constexpr int kTailMaxHeadDim = 1024;
 
 // The short-window backward's forms (its last template argument, after its residency), which
 // register fitting tries in this order where the default still uses local memory: the same
-// bytes out, fewer values live across the row loop (kernels/short_window.cuh).
+// bytes out, with fewer constraints on the registers (kernels/short_window.cuh).
 enum ShortWindowBackwardForm : int {
   kBackwardFormDefault = 0,
-  kBackwardFormZerosFirst = 1,  // the zeros no pooled row owns written before the rows
-  kBackwardFormLean = 2,        // that, and nothing else held across the rows it can re-derive
-  kBackwardFormLeanColumn = 3,  // lean, and each row's column taken from the special registers
-  kShortWindowBackwardForms = 4,
+  // one row lane's partials written a float at a time (vector stores need aligned registers)
+  kBackwardFormScalarPartials = 1,
+  kBackwardFormZerosFirst = 2,  // that, and the zeros no pooled row owns written before the rows
+  kBackwardFormLean = 3,        // that, and nothing else held across the rows it can re-derive
+  kBackwardFormLeanColumn = 4,  // lean, and each row's column taken from the special registers
+  kShortWindowBackwardForms = 5,
 };
 
 // Whether rows of `head_dim` columns, `v` a thread, lie whole in a CTA of `threads` threads: a

@@ -257,8 +257,10 @@ __device__ __forceinline__ void zero_grad_ape_block(const BackwardParams& p, int
 
 // MIN_CTAS: the CTAs per SM ptxas must fit (0: its own choice). FORM: a ShortWindowBackwardForm
 // (csa_params.h), register fitting's choice for kernels whose default form still uses local
-// memory. The same bytes out, with fewer values live across the row loop: from the zeros-first
-// form on, the zeros no row owns are written before the rows; in the lean form also the claim
+// memory. The same bytes out, with fewer constraints on the registers: from the scalar-partials
+// form on, one row lane's partials are written a float at a time (a vector store needs aligned
+// registers); from the zeros-first form on, the zeros no row owns are written before the rows
+// (fewer values live across the row loop); in the lean form also the claim
 // word's value waits in shared memory, and each row takes its thread index from the special
 // registers and its buffer parity from the lane's iteration count; in the lean-column form
 // also its column.
@@ -278,6 +280,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
   constexpr bool ZEROS_FIRST = FORM >= kBackwardFormZerosFirst;
   constexpr bool LEAN = FORM >= kBackwardFormLean;
   constexpr bool ROW_COLUMN = FORM >= kBackwardFormLeanColumn;
+  constexpr bool SCALAR_PARTIALS = FORM >= kBackwardFormScalarPartials;
   using E = typename IO::E;
   using L = typename IO::template L<RATIO, COFF, HEAD_DIM>;
   constexpr int W = COFF * HEAD_DIM;
@@ -551,13 +554,22 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     if (!active) return;
     float* dst =
         FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS : p.grad_ape;
-    // Each thread's VEC columns of a slot as one vector: the partials' rows and grad_ape are
-    // aligned to it (W and the workspace's row groups are multiples of head_dim). grad_w is
-    // only 4-byte aligned: scalar atomics there.
+    // Each thread's VEC columns of a slot as one vector (but in the scalar-partials form): the
+    // partials' rows and grad_ape are aligned to it (W and the workspace's row groups are
+    // multiples of head_dim). grad_w is only 4-byte aligned: scalar atomics there.
     static_assert(HEAD_DIM % VEC == 0 && (VEC & (VEC - 1)) == 0, "whole aligned vectors a slot");
     using F32 = Element<kElementF32>;
     const auto put = [&](float* at, const float(&v)[VEC]) {
-      if constexpr (FIXED_ORDER) {
+      if constexpr (SCALAR_PARTIALS) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          if constexpr (FIXED_ORDER) {
+            at[i] = v[i];
+          } else {
+            atomicAdd(at + i, v[i]);
+          }
+        }
+      } else if constexpr (FIXED_ORDER) {
         store_vec<F32, VEC>(at, v);
       } else {
         atomic_add_vec<VEC>(at, v);
@@ -565,7 +577,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     };
     if constexpr (GRAD_W) {
       if constexpr (FIXED_ORDER) {
-        store_vec<F32, VEC>(dst + RATIO * W + col, dw);
+        put(dst + RATIO * W + col, dw);
       } else {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) atomicAdd(p.grad_w + col + v, dw[v]);

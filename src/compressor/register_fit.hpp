@@ -38,7 +38,7 @@ struct Residency {
 using ResidencyTable = std::vector<std::optional<Residency>>;
 
 // Bump when the rule changes: it is part of every module's cache key.
-inline constexpr int kRegisterFitVersion = 6;
+inline constexpr int kRegisterFitVersion = 7;
 
 // Compiles after the first at most: pinned at the residency the registers give, then two more
 // rungs (a 128-register kernel at ptxas's choice reaches one CTA, a 48-register one four).
