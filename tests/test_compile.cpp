@@ -373,11 +373,14 @@ TEST(NvrtcCompile, RegisterFittingTakesAnotherFormWhereItUsesLess) {
   ASSERT_LT(fixed, plain.lowered_names.size());
   ASSERT_LT(atomic, plain.lowered_names.size());
   ASSERT_EQ(fitted.lowered_names.size(), plain.lowered_names.size());
-  const std::pair<std::size_t, const char*> moved[] = {{fixed, "ELi3ELi1EEEv"},
-                                                       {atomic, "ELi3ELi2EEEv"}};
-  for (const auto& [slot, ending] : moved) {
+  // At three CTAs an SM, in the zeros-first and the lean form.
+  const auto ending = [](int form) { return "ELi3ELi" + std::to_string(form) + "EEEv"; };
+  const std::pair<std::size_t, std::string> moved[] = {
+      {fixed, ending(csa_kernel::kBackwardFormZerosFirst)},
+      {atomic, ending(csa_kernel::kBackwardFormLean)}};
+  for (const auto& [slot, name_end] : moved) {
     EXPECT_GT(kernel_local_bytes(plain_report, plain.lowered_names[slot]), 0) << plain.log;
-    EXPECT_NE(fitted.lowered_names[slot].find(ending), std::string::npos)
+    EXPECT_NE(fitted.lowered_names[slot].find(name_end), std::string::npos)
         << fitted.lowered_names[slot];
   }
   for (std::size_t i = 0; i < fitted.lowered_names.size(); ++i) {
