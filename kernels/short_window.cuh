@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(TX* TY, MIN_CTAS)
     if (!active) return;
     float* dst =
         FIXED_ORDER ? p.workspace + static_cast<long long>(blockIdx.y) * GROUP_FLOATS : p.grad_ape;
-    // Each thread's VEC columns of a slot as one vector (but in the scalar-partials form): the
+    // Each thread's VEC columns of a slot as one vector, except in the scalar-partials form: the
     // partials' rows and grad_ape are aligned to it (W and the workspace's row groups are
     // multiples of head_dim). grad_w is only 4-byte aligned: scalar atomics there.
     static_assert(HEAD_DIM % VEC == 0 && (VEC & (VEC - 1)) == 0, "whole aligned vectors a slot");
