@@ -50,6 +50,37 @@ __device__ __forceinline__ void pdl_enter(bool dependents_first = false) {
 #endif
 }
 
+// Thread-block clusters (sm_90 and newer; a kernel that uses them is never built for older
+// arches). cluster_arrive releases this thread's earlier writes, cluster_wait acquires every
+// arrived thread's: between the two, a CTA of the cluster may read what the others wrote to
+// their shared memory before arriving (load_cluster_f32), and a CTA must not exit while
+// another may still read its shared memory.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+// The float at `local` (this CTA's shared memory) in the shared memory of the cluster's CTA
+// of rank `rank`.
+__device__ __forceinline__ float load_cluster_f32(const float* local, int rank) {
+  float value = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(address), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(value) : "r"(remote) : "memory");
+#else
+  (void)local;
+  (void)rank;
+#endif
+  return value;
+}
+
 // blockIdx.x * span + threadIdx.x, read from the special registers at this point.
 // NOTE: volatile on purpose: ptxas may not reuse an earlier read held through a loop, which is
 // the point (a value it would otherwise keep live, at a register budget where it spills).

@@ -267,6 +267,7 @@ struct IdentityEpilogue {
   static constexpr bool kCooperative = false;
   static constexpr bool kRowStats = false;
   static constexpr bool kRowKernel = false;
+  static constexpr bool kCluster = false;
   static constexpr bool kNorm = false;
   template <int VEC>
   struct Operands {};  // none

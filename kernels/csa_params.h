@@ -42,6 +42,10 @@ enum TailBits : int {
   // The long-window forward's row-kernel form: the pooling's column slices write the fp32
   // pooled rows only, and tail_rows_forward then runs the tail over each row whole.
   kTailRowKernel = 64,
+  // The long-window forward's cluster form (sm_90 and newer): a row's column slices are one
+  // thread-block cluster, and the first runs the tail over the row read from the others' shared
+  // memory.
+  kTailCluster = 128,
   kTailRopeShift = 8,
 };
 
@@ -62,6 +66,12 @@ CSA_SHARED_FN int tail_row_stats_code(int code) {
 CSA_SHARED_FN int tail_row_kernel_code(int code) {
   return code | kTailRowKernel;
 }
+// The cluster form of a tail code (kTailCluster).
+CSA_SHARED_FN int tail_cluster_code(int code) {
+  return code | kTailCluster;
+}
+// The most column slices (CTAs) of a row in the cluster form: the portable cluster size.
+constexpr int kTailClusterMaxSlices = 8;
 // The row scalars tail_row_stats writes per pooled row: rstd, then the norm's coefficient
 // rstd³ · Σ_j (w_j · g_j) · x_j / head_dim of the row's gradient g (after RoPE's transpose).
 constexpr int kTailRowStatsFloats = 2;

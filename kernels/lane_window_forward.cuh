@@ -156,6 +156,19 @@ __host__ __device__ constexpr int forward_min_ctas(int threads) {
   return values <= 16 ? 5 : 1;
 }
 
+// The tail over a row whose slice's pooled value of column `col` this thread holds (where
+// `finishes`): the cluster form's, else the last slice's to arrive (long_window_tail.cuh).
+template <class Tail, int SLICES, int COLS, bool CLUSTER>
+__device__ __forceinline__ void finish_tail(const ForwardParams& p, int row, int block, int slice,
+                                            bool finishes, int col, float value) {
+  if constexpr (CLUSTER) {
+    Tail::template forward_cluster<SLICES, COLS>(p, row, block, slice, finishes, col - slice * COLS,
+                                                 value);
+  } else {
+    Tail::template forward<SLICES>(p, row, block, finishes, col, value);
+  }
+}
+
 template <class IO, int RATIO, int COFF, int HEAD_DIM, int VEC, int TX, int LANES, bool SERIAL,
           bool FAST_EXP>
 __global__ void __launch_bounds__(
@@ -168,9 +181,10 @@ __global__ void __launch_bounds__(
   constexpr int NCV = HEAD_DIM / VEC;
   constexpr int COLS = TX * VEC;
   constexpr int SLICES = (NCV + TX - 1) / TX;
-  // The tail: the row's last slice runs it over the whole row (long_window_tail.cuh); in the
-  // row-kernel form (IO::Store::kRowKernel) each slice writes its fp32 pooled values and
-  // tail_rows_forward runs the tail after this kernel.
+  // The tail: the row's last slice runs it over the whole row (long_window_tail.cuh), or in
+  // the cluster form the first, from the slices' shared memory; in the row-kernel form
+  // (IO::Store::kRowKernel) each slice writes its fp32 pooled values and tail_rows_forward runs the
+  // tail after this kernel.
   constexpr bool kTail = IO::Store::kCooperative;
   constexpr bool kRowKernel = IO::Store::kRowKernel;
   using Tail = LongTail<IO, RATIO, COFF, HEAD_DIM, TX * LANES>;
@@ -246,8 +260,8 @@ __global__ void __launch_bounds__(
     __syncthreads();
     if constexpr (kTail) {
       const bool finishes = lane < VEC && active;
-      Tail::template forward<SLICES>(
-          p, row, w.block, finishes, col + lane,
+      finish_tail<Tail, SLICES, COLS, IO::Store::kCluster>(
+          p, row, w.block, tile.slice, finishes, col + lane,
           finishes ? serial_sum<LW::WIN>(&sm_e[threadIdx.x * VEC + lane][0]) : 0.0f);
     } else {
       if (lane >= VEC || !active) return;
@@ -288,7 +302,8 @@ __global__ void __launch_bounds__(
       out[0] = div_rn_fast(total_acc, total_den, refined_reciprocal(total_den));
     }
     if constexpr (kTail) {
-      Tail::template forward<SLICES>(p, row, w.block, finishes, col + lane, out[0]);
+      finish_tail<Tail, SLICES, COLS, IO::Store::kCluster>(p, row, w.block, tile.slice, finishes,
+                                                           col + lane, out[0]);
     } else if constexpr (kRowKernel) {
       p.pooled[static_cast<long long>(row) * HEAD_DIM + col + lane] = out[0];
     } else {

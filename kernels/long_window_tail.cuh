@@ -1,5 +1,7 @@
 // The tail epilogue (tail_epilogue.cuh) in the long-window family's lanes form, whose CTAs hold
 // a column slice of a row (forward) or of a row group (backward), never a whole row:
+//   forward, cluster form (sm_90+): the row's slices are one thread-block cluster, and the
+//             first reads the others' pooled values from their shared memory (forward_cluster);
 //   forward:  every slice's CTA writes its fp32 pooled values to p.pooled and arrives at its
 //             row's claim word in p.row_arrivals; the row's last arrival reads the whole pooled row
 //             back from L2 and runs the tail over it with all its threads (long_tail_vec
@@ -61,6 +63,50 @@ struct LongTail {
     for (int v = 0; v < VEC; ++v) x[v] = has_row ? __ldcg(pooled + c + v) : 0.0f;
     Tail::template store_row_with<E, VEC, HEAD_DIM, THREADS>(
         p, op, IO::out(p.out) + row * L::out_stride(p, p.out_stride) + c, row, c, has_row, x, t);
+  }
+
+  // The cluster form (Store::kCluster; the row's SLICES CTAs are one cluster, the slice its
+  // rank), every thread of the CTA: `value` is this thread's pooled value of the slice's column
+  // `slice_col` where `has_value`. Each slice keeps its values in shared memory; after the
+  // cluster's barrier the first slice reads the whole row from the others' and runs the tail,
+  // while they wait until it has read them. No global round trip, no arrival word; the pooled
+  // rows go to p.pooled only where the caller keeps them.
+  template <int SLICES, int COLS>
+  static __device__ __forceinline__ void forward_cluster(const ForwardParams& p, int row, int block,
+                                                         int slice, bool has_value, int slice_col,
+                                                         float value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    static_assert(SLICES < 0, "the cluster form needs sm_90 or newer");
+#endif
+    static_assert(SLICES >= 2 && SLICES <= kTailClusterMaxSlices, "a portable cluster of slices");
+    static_assert(COLS % VEC == 0, "a thread's tail columns lie in one slice");
+    __shared__ float slice_values[COLS];
+    if (has_value) {
+      slice_values[slice_col] = value;
+      if (p.pooled != nullptr)
+        p.pooled[static_cast<long long>(row) * HEAD_DIM + slice * COLS + slice_col] = value;
+    }
+    const int t = tid();
+    const bool has_row = t < NCV;
+    const int c = (t % NCV) * VEC;
+    typename Tail::template Operands<VEC> op;
+    if (slice == 0) Tail::template read_operands<VEC, HEAD_DIM>(p, c, has_row ? block : 0, op);
+    cluster_arrive();  // this slice's values (and, with it, the CTA's) released
+    cluster_wait();
+    if (slice != 0) {
+      // NOTE: this CTA's shared memory must outlive the first slice's reads of it.
+      cluster_arrive();
+      cluster_wait();
+      return;
+    }
+    float x[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v)
+      x[v] = has_row ? load_cluster_f32(&slice_values[(c + v) % COLS], (c + v) / COLS) : 0.0f;
+    cluster_arrive();  // the others may leave once every thread here has its values
+    Tail::template store_row_with<E, VEC, HEAD_DIM, THREADS>(
+        p, op, IO::out(p.out) + row * L::out_stride(p, p.out_stride) + c, row, c, has_row, x, t);
+    cluster_wait();
   }
 
   // A row's inputs of the backward for this thread's columns (zero for threads without a row):

@@ -76,8 +76,11 @@ struct TailEpilogue {
   // The long-window forward's row-kernel form (kTailRowKernel): the pooling writes the fp32
   // pooled rows, tail_rows_forward the rows' tail.
   static constexpr bool kRowKernel = (KIND & kTailRowKernel) != 0;
+  // The long-window forward's cluster form (kTailCluster): a row's slices are one cluster.
+  static constexpr bool kCluster = (KIND & kTailCluster) != 0;
   static constexpr bool kCooperative = !kRowStats && !kRowKernel;
-  static_assert(!(kRowStats && kRowKernel), "one form a policy");
+  static_assert((kRowStats ? 1 : 0) + (kRowKernel ? 1 : 0) + (kCluster ? 1 : 0) <= 1,
+                "one form a policy");
   static_assert(
       !kRowStats || (kNorm && !kHadamard),
       "the row-stats form serves a tail with the norm and without the Hadamard transform");

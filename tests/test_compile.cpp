@@ -243,7 +243,7 @@ TEST(NvrtcCompile, EveryTunerCandidateWithoutLocalMemory) {
 
 // The production long-window tail's candidates in the tail's split forms (the backward's
 // row-stats form where fitting keeps it: not in the ring kernels of 64 registers a thread; the
-// forward's row-kernel form) compile with no local memory, tail_rows_forward and
+// forward's row-kernel and cluster forms) compile with no local memory, tail_rows_forward and
 // tail_row_stats with them.
 TEST(NvrtcCompile, EverySplitTailTunerCandidateWithoutLocalMemory) {
   Config c{128, 512, 1};
@@ -264,9 +264,12 @@ TEST(NvrtcCompile, EverySplitTailTunerCandidateWithoutLocalMemory) {
       s.stages = b.value("stages", 1);
       s.atomic_ape = b.value("grad_ape", "fixed_order") == "atomic";
       s.row_stats = b.contains("tail_backward");
-      s.row_kernel = b.contains("tail_forward");
+      if (b.contains("tail_forward"))
+        s.tail_forward = b["tail_forward"] == "cluster"
+                             ? schedule::LongWindowSchedule::TailForward::kCluster
+                             : schedule::LongWindowSchedule::TailForward::kRowKernel;
       const auto fitted = schedule::fit_long_window(c, s, "sm_90", d);
-      if (fitted.row_stats || fitted.row_kernel) buckets.push_back(b);
+      if (fitted.row_stats || fitted.row_kernel() || fitted.cluster()) buckets.push_back(b);
     }
     ASSERT_GE(buckets.size(), 10U);
     for (std::size_t i = 0; i < buckets.size(); ++i)

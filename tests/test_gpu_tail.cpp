@@ -622,6 +622,38 @@ TEST_P(GpuTail, LongWindowRowKernelForwardMeetsTheChainReferenceAndBeatsTheUnfus
   }
 }
 
+// Long-window tails on sm_90 and newer: the forward's cluster form (a row's column slices one
+// thread-block cluster), which a schedule table's forward bucket names, meets the same contract,
+// in the chunked and the serial order, with and without the caller's pooled rows.
+TEST_P(GpuTail, LongWindowClusterForwardMeetsTheChainReferenceAndBeatsTheUnfusedChain) {
+  const TailCase& c = GetParam();
+  const Config config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail};
+  if (!keeps_pooled_rows(config)) GTEST_SKIP() << "no long-window cluster form";
+  if (device::current_device().cc_major < 9) GTEST_SKIP() << "no clusters before sm_90";
+  for (const char* bucket : {R"("vec": 2, "cols": 64, "threads": 512, "serial": false,
+                                 "fast_exp": true)",
+                             R"("vec": 1, "cols": 32, "threads": 256, "serial": true,
+                                 "fast_exp": false)"}) {
+    SCOPED_TRACE(bucket);
+    const LeadingScheduleEntry entry(fmt::format(
+        R"({{"family": "long_window", "direction": "forward", "coff": {}, "head_dim": [{}, {}],
+            "ratio": [{}, {}], "tail": "{}", "dtype": "{}", "layout": "{}",
+            "buckets": [{{"max_rows": null, {}, "tail_forward": "cluster"}}]}})",
+        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), dtype_name(c.dtype),
+        layout_name(c.layout), bucket));
+    const std::string chosen =
+        g_runtime->select_schedule(config, Direction::kForward, 64, device_arch()).schedule;
+    const int cols = std::stoi(chosen.substr(chosen.find("cols=") + 5));
+    const int slices = (c.head_dim + cols - 1) / cols;
+    if (slices < 2 || slices > 8) {
+      EXPECT_EQ(chosen.find("tail_forward=cluster"), std::string::npos) << chosen;
+      continue;  // fitted to the last-slice form
+    }
+    ASSERT_NE(chosen.find("tail_forward=cluster"), std::string::npos) << chosen;
+    check_forward(c);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tails, GpuTail, ::testing::ValuesIn(all_cases()),
                          [](const auto& param) { return name_of(param.param); });
 

@@ -672,17 +672,17 @@ TEST(ScheduleTable, TheLongWindowTailForwardTakesTheRowKernelFormByTable) {
   const auto t =
       schedule::parse_schedule_table(table("forward", R"(, "tail_forward": "row_kernel")"), "t");
   const schedule::LongWindowSchedule split = t.entries.at(0).buckets.at(0).schedule;
-  EXPECT_TRUE(split.row_kernel);
+  EXPECT_TRUE(split.row_kernel());
   EXPECT_NE(split.describe().find("tail_forward=row_kernel"), std::string::npos);
   EXPECT_TRUE(schedule::parse_schedule_table(schedule::to_json(t), "round trip")
                   .entries.at(0)
                   .buckets.at(0)
-                  .schedule.row_kernel);
+                  .schedule.row_kernel());
   EXPECT_FALSE(
       schedule::parse_schedule_table(table("forward", R"(, "tail_forward": "last_slice")"), "t")
           .entries.at(0)
           .buckets.at(0)
-          .schedule.row_kernel);
+          .schedule.row_kernel());
   expect_rejected(table("forward", R"(, "tail_forward": "rows")"),
                   "entries[0].buckets[0].tail_forward");
   expect_rejected(table("backward", R"(, "tail_forward": "row_kernel")"), "unknown field");
@@ -692,11 +692,11 @@ TEST(ScheduleTable, TheLongWindowTailForwardTakesTheRowKernelFormByTable) {
   c.tail.hadamard = false;
   const auto fwd = Direction::kForward;
   const auto fitted = schedule::fit_long_window(c, split, "sm_90", fwd);
-  EXPECT_TRUE(fitted.row_kernel);  // any tail, the norm or not
-  EXPECT_FALSE(schedule::fit_long_window(c, split, "sm_90", Direction::kBackward).row_kernel);
-  EXPECT_FALSE(schedule::fit_long_window(Config{128, 512, 1}, split, "sm_90", fwd).row_kernel);
+  EXPECT_TRUE(fitted.row_kernel());  // any tail, the norm or not
+  EXPECT_FALSE(schedule::fit_long_window(c, split, "sm_90", Direction::kBackward).row_kernel());
+  EXPECT_FALSE(schedule::fit_long_window(Config{128, 512, 1}, split, "sm_90", fwd).row_kernel());
   schedule::LongWindowSchedule last = split;
-  last.row_kernel = false;
+  last.tail_forward = schedule::LongWindowSchedule::TailForward::kLastSlice;
   EXPECT_FALSE(fitted.same_kernel(schedule::fit_long_window(c, last, "sm_90", fwd)));
 
   const auto set = schedule::ScheduleSet::embedded();
@@ -717,6 +717,57 @@ TEST(ScheduleTable, TheLongWindowTailForwardTakesTheRowKernelFormByTable) {
   const auto whole = compressor::make_long_window_spec(
       c, layout, {schedule::fit_long_window(c, last, "sm_90", fwd)}, bwd, "sm_90", {});
   EXPECT_EQ(whole.slots.long_window.rows_forward, -1);
+}
+
+// The cluster form is a forward bucket's field too: kept where a row's column slices make a
+// portable cluster (2 to 8) on sm_90 and newer, fitted to the last-slice form elsewhere; its
+// kernel takes the cluster code's I/O policy and needs no row kernel.
+TEST(ScheduleTable, TheLongWindowTailForwardTakesTheClusterFormWhereClustersRun) {
+  const std::string text = R"({"schema_version": 1, "arch": "sm_90", "entries": [{"family":
+      "long_window", "direction": "forward", "coff": 1, "head_dim": [1, 4096], "ratio": [17, 256],
+      "buckets": [{"max_rows": null, "vec": 2, "cols": 64, "threads": 256, "serial": false,
+      "fast_exp": true, "tail_forward": "cluster"}]}]})";
+  const auto t = schedule::parse_schedule_table(text, "t");
+  const schedule::LongWindowSchedule cluster = t.entries.at(0).buckets.at(0).schedule;
+  EXPECT_TRUE(cluster.cluster());
+  EXPECT_NE(cluster.describe().find("tail_forward=cluster"), std::string::npos);
+  EXPECT_TRUE(schedule::parse_schedule_table(schedule::to_json(t), "round trip")
+                  .entries.at(0)
+                  .buckets.at(0)
+                  .schedule.cluster());
+
+  Config c{128, 512, 1};
+  c.tail.norm = true;
+  c.tail.rope_dim = 64;
+  const auto fwd = Direction::kForward;
+  const auto fitted = schedule::fit_long_window(c, cluster, "sm_90", fwd);
+  EXPECT_TRUE(fitted.cluster());  // 8 slices of 64 columns
+  EXPECT_TRUE(schedule::fit_long_window(c, cluster, "sm_100", fwd).cluster());
+  EXPECT_FALSE(schedule::fit_long_window(c, cluster, "sm_80", fwd).cluster());
+  schedule::LongWindowSchedule narrow = cluster;
+  narrow.cols = 32;  // 16 slices: more than a portable cluster
+  EXPECT_FALSE(schedule::fit_long_window(c, narrow, "sm_90", fwd).cluster());
+  EXPECT_FALSE(schedule::fit_long_window(Config{128, 64, 1}, cluster, "sm_90", fwd).cluster())
+      << "one slice, and no tail";
+  Config one_slice = c;
+  one_slice.head_dim = 64;
+  EXPECT_FALSE(schedule::fit_long_window(one_slice, cluster, "sm_90", fwd).cluster());
+  schedule::LongWindowSchedule last = cluster;
+  last.tail_forward = schedule::LongWindowSchedule::TailForward::kLastSlice;
+  EXPECT_FALSE(fitted.same_kernel(schedule::fit_long_window(c, last, "sm_90", fwd)));
+
+  const auto set = schedule::ScheduleSet::embedded();
+  const int layout = csa_kernel::kLayoutThdPacked;
+  const auto bwd = set.kernels(c, Direction::kBackward, "sm_90");
+  const auto module = compressor::make_long_window_spec(c, layout, {fitted}, bwd, "sm_90", {});
+  const int slot = compressor::long_window_slot(module, c, layout, fitted, fwd);
+  ASSERT_GE(slot, 0);
+  EXPECT_EQ(module.slots.long_window.rows_forward, -1);
+  const std::string policy = fmt::format(
+      "csa_kernel::Io<0,0,{}>",
+      csa_kernel::tail_cluster_code(csa_kernel::tail_epilogue(true, true, 64, true, false)));
+  EXPECT_NE(module.request.name_expressions[static_cast<std::size_t>(slot)].find(policy),
+            std::string::npos);
 }
 
 TEST(KernelTemplates, OnlyModulesWithAResidencyTargetCompileTheResidentBackward) {

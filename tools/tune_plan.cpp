@@ -22,25 +22,26 @@ std::vector<Candidate> first_of_each_name(const std::vector<Candidate>& candidat
   return unique;
 }
 
-// `split_tail`: the tail in its own kernel, the backward's row-stats form or the forward's
-// row-kernel form.
+// `tail_form`: a tail's form other than the default, as the schedule names it: the backward's
+// "row_stats", the forward's "row_kernel" or "cluster" ("": the default).
 Candidate lanes(int vec, int cols, int threads, bool serial, bool fast_exp, Direction d,
-                int stages = 1, bool atomic_ape = false, bool split_tail = false) {
+                int stages = 1, bool atomic_ape = false, const std::string& tail_form = "") {
   Candidate c;
-  const char* split = d == Direction::kBackward ? " row-stats" : " row-kernel";
+  std::string form_suffix = tail_form.empty() ? "" : " " + tail_form;
+  std::replace(form_suffix.begin(), form_suffix.end(), '_', '-');
   c.name = fmt::format("lanes-{} v{} c{} t{}{}{}{}",
                        serial ? "serial" : (fast_exp ? "chunked-fast" : "chunked"), vec, cols,
                        threads, stages > 1 ? fmt::format(" s{}", stages) : "",
-                       atomic_ape ? " atomic" : "", split_tail ? split : "");
+                       atomic_ape ? " atomic" : "", form_suffix);
   c.bucket = {{"form", "lanes"},    {"vec", vec},       {"cols", cols},
               {"threads", threads}, {"serial", serial}, {"fast_exp", fast_exp}};
   if (d == Direction::kBackward) {
     c.bucket["stages"] = stages;
     c.bucket["rows_per_cta"] = 0;
     c.bucket["grad_ape"] = atomic_ape ? "atomic" : "fixed_order";
-    if (split_tail) c.bucket["tail_backward"] = "row_stats";
-  } else if (split_tail) {
-    c.bucket["tail_forward"] = "row_kernel";
+    if (!tail_form.empty()) c.bucket["tail_backward"] = tail_form;
+  } else if (!tail_form.empty()) {
+    c.bucket["tail_forward"] = tail_form;
   }
   c.bitwise = serial && !fast_exp;
   return c;
@@ -68,15 +69,18 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
                                                                             {1, 16, 512},
                                                                             {1, 32, 512}})
       out.push_back(lanes(vec, cols, threads, true, false, direction));
-    // A tail: each candidate also in the row-kernel form.
+    // A tail: each candidate also in the row-kernel form and, where the loader keeps it (sm_90
+    // and newer, 2 to 8 column slices; elsewhere it fits to the default and runs once), in the
+    // cluster form.
     if (config.tail.any()) {
       const std::size_t last_slice = out.size();
-      for (std::size_t i = 0; i < last_slice; ++i) {
-        const nlohmann::json& b = out[i].bucket;
-        out.push_back(lanes(b["vec"].get<int>(), b["cols"].get<int>(), b["threads"].get<int>(),
-                            b["serial"].get<bool>(), b["fast_exp"].get<bool>(), direction, 1, false,
-                            true));
-      }
+      for (const char* form : {"row_kernel", "cluster"})
+        for (std::size_t i = 0; i < last_slice; ++i) {
+          const nlohmann::json& b = out[i].bucket;
+          out.push_back(lanes(b["vec"].get<int>(), b["cols"].get<int>(), b["threads"].get<int>(),
+                              b["serial"].get<bool>(), b["fast_exp"].get<bool>(), direction, 1,
+                              false, form));
+        }
     }
   } else {
     // The shared-memory ring (stages 2 and 3) needs head_dim % 8 == 0; a third stage is tried
@@ -102,7 +106,7 @@ std::vector<Candidate> tune_candidates(const Config& config, Direction direction
         if (!b["fast_exp"].get<bool>()) continue;
         out.push_back(lanes(b["vec"].get<int>(), b["cols"].get<int>(), b["threads"].get<int>(),
                             false, true, direction, b["stages"].get<int>(),
-                            b["grad_ape"] == "atomic", true));
+                            b["grad_ape"] == "atomic", "row_stats"));
       }
     }
   }
@@ -126,6 +130,11 @@ std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
       return it == field.end() ? fallback : std::stoi(it->second);
     };
     const nlohmann::json& b = candidates[i].bucket;
+    const auto tail_form = [&] {
+      const auto it =
+          field.find(direction == Direction::kBackward ? "tail_backward" : "tail_forward");
+      return it == field.end() ? std::string() : it->second;
+    };
     const auto atomic_ape = [&] {
       const auto it = field.find("grad_ape");
       return it == field.end() ? b.value("grad_ape", "fixed_order") == "atomic"
@@ -133,13 +142,11 @@ std::vector<Candidate> as_fitted(const std::vector<Candidate>& candidates,
     };
     Candidate c = candidates[i];
     if (b.value("form", "lanes") == "lanes") {
-      c = lanes(
-          number("vec", b["vec"].get<int>()), number("cols", b["cols"].get<int>()),
-          number("threads", b["threads"].get<int>()),
-          number("serial", b["serial"].get<bool>() ? 1 : 0) != 0,
-          number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
-          number("stages", b.value("stages", 1)), atomic_ape(),
-          field.count(direction == Direction::kBackward ? "tail_backward" : "tail_forward") != 0);
+      c = lanes(number("vec", b["vec"].get<int>()), number("cols", b["cols"].get<int>()),
+                number("threads", b["threads"].get<int>()),
+                number("serial", b["serial"].get<bool>() ? 1 : 0) != 0,
+                number("fast_exp", b["fast_exp"].get<bool>() ? 1 : 0) != 0, direction,
+                number("stages", b.value("stages", 1)), atomic_ape(), tail_form());
     }
     out.push_back(c);
   }

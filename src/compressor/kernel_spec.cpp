@@ -110,6 +110,16 @@ std::string row_stats_shape_args(const Config& c, int kernel_layout) {
 std::string row_kernel_shape_args(const Config& c, int kernel_layout) {
   return shape_args(c, kernel_layout, csa_kernel::tail_row_kernel_code(epilogue_code(c.tail)));
 }
+std::string cluster_shape_args(const Config& c, int kernel_layout) {
+  return shape_args(c, kernel_layout, csa_kernel::tail_cluster_code(epilogue_code(c.tail)));
+}
+// The I/O policy's arguments of a lanes-form forward of a tail form.
+std::string forward_shape_args(const Config& c, int kernel_layout,
+                               const schedule::LongWindowSchedule& s) {
+  if (s.row_kernel()) return row_kernel_shape_args(c, kernel_layout);
+  if (s.cluster()) return cluster_shape_args(c, kernel_layout);
+  return shape_args(c, kernel_layout);
+}
 
 ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::string& label,
                   const std::string& arch, const CompileOptions& options) {
@@ -126,7 +136,7 @@ ModuleSpec finish(ModuleSpec spec, const ModuleBuilder& module, const std::strin
 }
 
 // The kernel of a long-window schedule: the staged form's, or the lanes form's of its direction
-// (in the tail's row-stats or row-kernel form, with that form's I/O policy).
+// (in the tail's row-stats, row-kernel or cluster form, with that form's I/O policy).
 int add_long_window_kernel(ModuleBuilder& m, const Config& c, int kernel_layout,
                            const schedule::LongWindowSchedule& s, Direction direction) {
   if (s.staged) {
@@ -140,9 +150,8 @@ int add_long_window_kernel(ModuleBuilder& m, const Config& c, int kernel_layout,
         kt::kLaneWindowBackward, s.vec, s.cols / s.vec, s.window_lanes(), s.stages, s.fast_exp,
         s.atomic_ape);
   }
-  return m.add_in_shape(
-      s.row_kernel ? row_kernel_shape_args(c, kernel_layout) : shape_args(c, kernel_layout),
-      kt::kLaneWindowForward, s.vec, s.cols / s.vec, s.window_lanes(), s.serial, s.fast_exp);
+  return m.add_in_shape(forward_shape_args(c, kernel_layout, s), kt::kLaneWindowForward, s.vec,
+                        s.cols / s.vec, s.window_lanes(), s.serial, s.fast_exp);
 }
 
 }  // namespace
@@ -244,7 +253,7 @@ ModuleSpec make_long_window_spec(const Config& c, int kernel_layout,
         m.add_in_shape(row_stats_shape_args(c, kernel_layout), kt::kTailRowStats, kRowStatsThreads);
   }
   if (std::any_of(forward.begin(), forward.end(),
-                  [](const schedule::LongWindowSchedule& f) { return f.row_kernel; })) {
+                  [](const schedule::LongWindowSchedule& f) { return f.row_kernel(); })) {
     slots.rows_forward = m.add_in_shape(row_kernel_shape_args(c, kernel_layout),
                                         kt::kTailRowsForward, kTailRowsThreads);
   }

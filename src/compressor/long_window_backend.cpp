@@ -128,10 +128,14 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   set_block(shape, b, p.programmatic);
   // The tail (kernels/long_window_tail.cuh): the pooled rows (the caller's, else scratch) and,
   // with more than one column slice, one zeroed arrival word per row; in the row-kernel form
-  // (kernels/tail_rows_forward.cuh) no words: a second kernel runs the rows' tail.
+  // (kernels/tail_rows_forward.cuh) no words: a second kernel runs the rows' tail; in the
+  // cluster form neither: a row's slices are one cluster, and the pooled rows only the caller's.
   std::optional<StreamScratch> graph_pooled, graph_words;  // under capture: the graph's memory
-  const bool row_kernel = b.schedule.row_kernel && a.total_comp > 0;
-  if (a.config.tail.any() && a.total_comp > 0) {
+  const bool row_kernel = b.schedule.row_kernel() && a.total_comp > 0;
+  if (a.config.tail.any() && b.schedule.cluster()) {
+    shape.cluster_x = static_cast<unsigned>(slices);
+    params.pooled = a.pooled;
+  } else if (a.config.tail.any() && a.total_comp > 0) {
     driver::Driver& d = driver();
     const bool capturing = launch::is_capturing(d, stream);
     if (a.pooled != nullptr) {

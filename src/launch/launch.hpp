@@ -15,6 +15,8 @@ struct LaunchShape {
   // Programmatic dependent launch (sm_90+): the kernel may be scheduled while the previous
   // kernel in the stream still runs; it waits in pdl_enter() before touching memory.
   bool programmatic = false;
+  // Thread-block clusters of this many CTAs along x (sm_90+; 0: none).
+  unsigned cluster_x = 0;
 };
 
 // NOTE: a CUkernel from cuLibraryGetKernel may be launched as a CUfunction; it then runs in
@@ -31,13 +33,22 @@ void launch(const driver::Driver& driver, CUkernel kernel, const LaunchShape& sh
   config.blockDimZ = shape.block_z;
   config.sharedMemBytes = shape.shared_bytes;
   config.hStream = stream;
-  CUlaunchAttribute attribute{};
+  CUlaunchAttribute attributes[2] = {};
+  unsigned count = 0;
   if (shape.programmatic) {
-    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attribute.value.programmaticStreamSerializationAllowed = 1;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
+    attributes[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attributes[count].value.programmaticStreamSerializationAllowed = 1;
+    ++count;
   }
+  if (shape.cluster_x > 0) {
+    attributes[count].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attributes[count].value.clusterDim.x = shape.cluster_x;
+    attributes[count].value.clusterDim.y = 1;
+    attributes[count].value.clusterDim.z = 1;
+    ++count;
+  }
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   void* args[] = {const_cast<Params*>(&params)};
   driver.check(
       driver.api().cuLaunchKernelEx(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr),

@@ -16,7 +16,22 @@ std::string LongWindowSchedule::describe() const {
       "grad_ape={}{}{}",
       staged ? "staged" : "lanes", vec, cols, threads, serial ? 1 : 0, fast_exp ? 1 : 0, stages,
       rows_per_cta, atomic_ape ? "atomic" : "fixed_order",
-      row_stats ? " tail_backward=row_stats" : "", row_kernel ? " tail_forward=row_kernel" : "");
+      row_stats ? " tail_backward=row_stats" : "",
+      tail_forward == TailForward::kLastSlice
+          ? std::string()
+          : fmt::format(" tail_forward={}", tail_forward_name(tail_forward)));
+}
+
+const char* tail_forward_name(LongWindowSchedule::TailForward form) noexcept {
+  switch (form) {
+    case LongWindowSchedule::TailForward::kRowKernel:
+      return "row_kernel";
+    case LongWindowSchedule::TailForward::kCluster:
+      return "cluster";
+    case LongWindowSchedule::TailForward::kLastSlice:
+      break;
+  }
+  return "last_slice";
 }
 
 bool LongWindowSchedule::same_kernel(const LongWindowSchedule& o) const {
@@ -27,7 +42,7 @@ bool LongWindowSchedule::same_kernel(const LongWindowSchedule& o) const {
   // serial order.
   if (!staged && kernel_direction == Direction::kBackward)
     return stages == o.stages && atomic_ape == o.atomic_ape && row_stats == o.row_stats;
-  return serial == o.serial && row_kernel == o.row_kernel;
+  return serial == o.serial && tail_forward == o.tail_forward;
 }
 
 int long_window_shared_bytes(const Config& c, const LongWindowSchedule& s) {
@@ -63,7 +78,8 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // The tail's forms: the row-stats backward of a tail with the norm and without the Hadamard
   // transform, the row-kernel forward of any tail.
   if (direction == Direction::kForward || !c.tail.norm || c.tail.hadamard) s.row_stats = false;
-  if (direction == Direction::kBackward || !c.tail.any()) s.row_kernel = false;
+  if (direction == Direction::kBackward || !c.tail.any())
+    s.tail_forward = LongWindowSchedule::TailForward::kLastSlice;
   while (s.vec > 1 && c.head_dim % s.vec != 0) s.vec /= 2;
   int ceiling = 1;
   while (ceiling < c.head_dim) ceiling *= 2;
@@ -123,7 +139,7 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // The tail's static shared memory: its rows (at most 8 floats a thread; twice with the
   // Hadamard transform's two exchange buffers), the row sums and, backward, the pooled row's
   // gradient (none in the row-stats and row-kernel forms).
-  const bool whole_rows = c.tail.any() && !s.row_stats && !s.row_kernel;
+  const bool whole_rows = c.tail.any() && !s.row_stats && !s.row_kernel();
   const int row_floats = c.tail.hadamard ? 16 : 8;
   const int tail_bytes = whole_rows ? s.threads * row_floats * 4 + c.head_dim * 4 + 256 : 0;
   const int static_bytes = s.threads * s.vec * smem_per_value + tail_bytes;
@@ -137,6 +153,11 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
          direction == Direction::kForward ? "forward" : "backward", s.describe(), s.threads,
          c.head_dim);
   }
+  // The cluster form: a cluster of 2 to kTailClusterMaxSlices column slices, sm_90 and newer.
+  const int slices = (c.head_dim + s.cols - 1) / s.cols;
+  if (s.cluster() && (parse::compute_capability(arch).value_or(0) < 90 || slices < 2 ||
+                      slices > csa_kernel::kTailClusterMaxSlices))
+    s.tail_forward = LongWindowSchedule::TailForward::kLastSlice;
   return s;
 }
 

@@ -34,10 +34,16 @@ struct LongWindowSchedule {
   // thread runs the tail's backward of its own columns); false, every CTA runs each of its rows'
   // whole tail (kernels/long_window_tail.cuh). Dropped by fit_long_window where it does not apply.
   bool row_stats = false;
-  // Forward of a tail (lanes form): true, the row-kernel form (the pooling's column slices write
-  // the fp32 pooled rows only, then kernels/tail_rows_forward.cuh runs the tail over each row
-  // whole); false, each row's last column slice to arrive runs it (kernels/long_window_tail.cuh).
-  bool row_kernel = false;
+  // Forward of a tail (lanes form): who runs the tail over a row whose columns span CTAs.
+  //   kLastSlice: the row's last column slice to arrive, from the fp32 pooled row in global
+  //               memory (kernels/long_window_tail.cuh);
+  //   kRowKernel: the pooling's column slices write the fp32 pooled rows only, then
+  //               kernels/tail_rows_forward.cuh runs the tail over each row whole;
+  //   kCluster:   the row's slices are one thread-block cluster (sm_90 and newer, at most
+  //               kTailClusterMaxSlices slices) and the first runs the tail from the others'
+  //               shared memory. Dropped by fit_long_window where it does not apply.
+  enum class TailForward { kLastSlice, kRowKernel, kCluster };
+  TailForward tail_forward = TailForward::kLastSlice;
   // Launch-only (editing it never invalidates a cubin).
   int rows_per_cta = 0;  // backward rows per CTA; 0: as many row groups as fill one wave
   // Set by fit_long_window: the lanes form's template arguments differ per direction.
@@ -60,6 +66,8 @@ struct LongWindowSchedule {
     return twin;
   }
   bool operator==(const LongWindowSchedule& o) const { return describe() == o.describe(); }
+  bool row_kernel() const { return tail_forward == TailForward::kRowKernel; }
+  bool cluster() const { return tail_forward == TailForward::kCluster; }
 };
 
 // Dynamic shared memory of one CTA (must match LongWindow::kBytes in long_window.cuh); 0 for
@@ -74,6 +82,9 @@ int shared_limit_for_arch(const std::string& arch);
 // shared memory. Deterministic, so prewarm and calls agree.
 LongWindowSchedule fit_long_window(const Config& config, LongWindowSchedule s,
                                    const std::string& arch, Direction direction);
+
+// The schedule field's name of a tail forward form ("last_slice", "row_kernel", "cluster").
+const char* tail_forward_name(LongWindowSchedule::TailForward form) noexcept;
 
 // Row groups and rows per CTA of a backward launch: one full wave unless rows_per_cta is set.
 struct LongWindowGrid {

@@ -172,11 +172,13 @@ Bucket parse_bucket(const json& b, const Path& path, Direction direction) {
   if (direction == Direction::kForward && b.contains("tail_forward")) {
     const json& form = b["tail_forward"];
     if (form == "row_kernel") {
-      s.row_kernel = true;
+      s.tail_forward = LongWindowSchedule::TailForward::kRowKernel;
+    } else if (form == "cluster") {
+      s.tail_forward = LongWindowSchedule::TailForward::kCluster;
     } else if (form != "last_slice") {
-      (path / "tail_forward").fail("must be \"last_slice\" or \"row_kernel\"");
+      (path / "tail_forward").fail("must be \"last_slice\", \"row_kernel\" or \"cluster\"");
     }
-    if (s.row_kernel && s.staged)
+    if (s.tail_forward != LongWindowSchedule::TailForward::kLastSlice && s.staged)
       (path / "tail_forward").fail("the staged form runs no tail: must be \"last_slice\"");
   }
   return out;
@@ -374,8 +376,8 @@ std::string to_json(const ScheduleTable& t) {
         jb["rows_per_cta"] = b.schedule.rows_per_cta;
         jb["grad_ape"] = b.schedule.atomic_ape ? "atomic" : "fixed_order";
         if (b.schedule.row_stats) jb["tail_backward"] = "row_stats";
-      } else if (b.schedule.row_kernel) {
-        jb["tail_forward"] = "row_kernel";
+      } else if (b.schedule.tail_forward != LongWindowSchedule::TailForward::kLastSlice) {
+        jb["tail_forward"] = tail_forward_name(b.schedule.tail_forward);
       }
       je["buckets"].push_back(jb);
     }
