@@ -572,6 +572,17 @@ class LeadingScheduleEntry {
   std::string saved_;
 };
 
+// A long-window schedule entry for exactly the case's call, of one bucket of every row count:
+// `fields` its fields after "max_rows".
+std::string long_window_entry(const TailCase& c, const char* direction, const std::string& fields) {
+  return fmt::format(
+      R"({{"family": "long_window", "direction": "{}", "coff": {}, "head_dim": [{}, {}],
+          "ratio": [{}, {}], "tail": "{}", "dtype": "{}", "layout": "{}",
+          "buckets": [{{"max_rows": null, {}}}]}})",
+      direction, c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail),
+      dtype_name(c.dtype), layout_name(c.layout), fields);
+}
+
 // Long-window tails with the norm and without the Hadamard transform: the backward's row-stats
 // form, which a schedule table's backward bucket names, meets the same contract, with windows
 // loaded into registers and through the shared-memory ring.
@@ -583,13 +594,10 @@ TEST_P(GpuTail, LongWindowRowStatsBackwardMeetsTheChainReferenceAndBeatsTheUnfus
   for (const char* bucket : {R"("vec": 1, "cols": 32, "threads": 256, "stages": 1)",
                              R"("vec": 2, "cols": 64, "threads": 512, "stages": 3)"}) {
     SCOPED_TRACE(bucket);
-    const LeadingScheduleEntry entry(fmt::format(
-        R"({{"family": "long_window", "direction": "backward", "coff": {}, "head_dim": [{}, {}],
-            "ratio": [{}, {}], "tail": "{}", "dtype": "{}", "layout": "{}",
-            "buckets": [{{"max_rows": null, {}, "serial": false, "fast_exp": true,
-            "rows_per_cta": 0, "grad_ape": "atomic", "tail_backward": "row_stats"}}]}})",
-        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), dtype_name(c.dtype),
-        layout_name(c.layout), bucket));
+    const LeadingScheduleEntry entry(long_window_entry(
+        c, "backward",
+        std::string(bucket) + R"(, "serial": false, "fast_exp": true, "rows_per_cta": 0,
+                                   "grad_ape": "atomic", "tail_backward": "row_stats")"));
     const std::string chosen =
         g_runtime->select_schedule(config, Direction::kBackward, 64, device_arch()).schedule;
     ASSERT_NE(chosen.find("tail_backward=row_stats"), std::string::npos) << chosen;
@@ -608,12 +616,8 @@ TEST_P(GpuTail, LongWindowRowKernelForwardMeetsTheChainReferenceAndBeatsTheUnfus
                              R"("vec": 2, "cols": 32, "threads": 512, "serial": true,
                                  "fast_exp": false)"}) {
     SCOPED_TRACE(bucket);
-    const LeadingScheduleEntry entry(fmt::format(
-        R"({{"family": "long_window", "direction": "forward", "coff": {}, "head_dim": [{}, {}],
-            "ratio": [{}, {}], "tail": "{}", "dtype": "{}", "layout": "{}",
-            "buckets": [{{"max_rows": null, {}, "tail_forward": "row_kernel"}}]}})",
-        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), dtype_name(c.dtype),
-        layout_name(c.layout), bucket));
+    const LeadingScheduleEntry entry(
+        long_window_entry(c, "forward", std::string(bucket) + R"(, "tail_forward": "row_kernel")"));
     const Config config{c.ratio, c.head_dim, c.coff, c.dtype, c.layout, false, c.tail};
     const std::string chosen =
         g_runtime->select_schedule(config, Direction::kForward, 64, device_arch()).schedule;
@@ -635,12 +639,8 @@ TEST_P(GpuTail, LongWindowClusterForwardMeetsTheChainReferenceAndBeatsTheUnfused
                              R"("vec": 1, "cols": 32, "threads": 256, "serial": true,
                                  "fast_exp": false)"}) {
     SCOPED_TRACE(bucket);
-    const LeadingScheduleEntry entry(fmt::format(
-        R"({{"family": "long_window", "direction": "forward", "coff": {}, "head_dim": [{}, {}],
-            "ratio": [{}, {}], "tail": "{}", "dtype": "{}", "layout": "{}",
-            "buckets": [{{"max_rows": null, {}, "tail_forward": "cluster"}}]}})",
-        c.coff, c.head_dim, c.head_dim, c.ratio, c.ratio, tail_name(c.tail), dtype_name(c.dtype),
-        layout_name(c.layout), bucket));
+    const LeadingScheduleEntry entry(
+        long_window_entry(c, "forward", std::string(bucket) + R"(, "tail_forward": "cluster")"));
     const std::string chosen =
         g_runtime->select_schedule(config, Direction::kForward, 64, device_arch()).schedule;
     const int cols = std::stoi(chosen.substr(chosen.find("cols=") + 5));

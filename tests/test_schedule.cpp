@@ -658,6 +658,17 @@ TEST(ScheduleTable, TheLongWindowTailBackwardTakesTheRowStatsFormByTable) {
   EXPECT_EQ(compressor::long_window_slot(whole_module, c, layout, fitted, bwd), -1);
 }
 
+// The sm_90 long-window module of `c` (THD packed) with the forward kernel `forward` and the
+// shipped backward ones; `slot` is set to the forward kernel's.
+compressor::ModuleSpec module_with_forward(const Config& c,
+                                           const schedule::LongWindowSchedule& forward, int& slot) {
+  const int layout = csa_kernel::kLayoutThdPacked;
+  const auto bwd = schedule::ScheduleSet::embedded().kernels(c, Direction::kBackward, "sm_90");
+  auto module = compressor::make_long_window_spec(c, layout, {forward}, bwd, "sm_90", {});
+  slot = compressor::long_window_slot(module, c, layout, forward, Direction::kForward);
+  return module;
+}
+
 // The long-window tail forward's row-kernel form is a field of forward buckets, as the
 // backward's row-stats form is of backward ones: tail_rows_forward sits beside its pooling.
 TEST(ScheduleTable, TheLongWindowTailForwardTakesTheRowKernelFormByTable) {
@@ -699,11 +710,8 @@ TEST(ScheduleTable, TheLongWindowTailForwardTakesTheRowKernelFormByTable) {
   last.tail_forward = schedule::LongWindowSchedule::TailForward::kLastSlice;
   EXPECT_FALSE(fitted.same_kernel(schedule::fit_long_window(c, last, "sm_90", fwd)));
 
-  const auto set = schedule::ScheduleSet::embedded();
-  const int layout = csa_kernel::kLayoutThdPacked;
-  const auto bwd = set.kernels(c, Direction::kBackward, "sm_90");
-  const auto module = compressor::make_long_window_spec(c, layout, {fitted}, bwd, "sm_90", {});
-  const int slot = compressor::long_window_slot(module, c, layout, fitted, fwd);
+  int slot = -1;
+  const auto module = module_with_forward(c, fitted, slot);
   ASSERT_GE(slot, 0);
   ASSERT_GE(module.slots.long_window.rows_forward, 0);
   const std::string policy = fmt::format(
@@ -714,8 +722,7 @@ TEST(ScheduleTable, TheLongWindowTailForwardTakesTheRowKernelFormByTable) {
   EXPECT_NE(names[static_cast<std::size_t>(module.slots.long_window.rows_forward)].find(
                 "tail_rows_forward<" + policy),
             std::string::npos);
-  const auto whole = compressor::make_long_window_spec(
-      c, layout, {schedule::fit_long_window(c, last, "sm_90", fwd)}, bwd, "sm_90", {});
+  const auto whole = module_with_forward(c, schedule::fit_long_window(c, last, "sm_90", fwd), slot);
   EXPECT_EQ(whole.slots.long_window.rows_forward, -1);
 }
 
@@ -756,11 +763,8 @@ TEST(ScheduleTable, TheLongWindowTailForwardTakesTheClusterFormWhereClustersRun)
   last.tail_forward = schedule::LongWindowSchedule::TailForward::kLastSlice;
   EXPECT_FALSE(fitted.same_kernel(schedule::fit_long_window(c, last, "sm_90", fwd)));
 
-  const auto set = schedule::ScheduleSet::embedded();
-  const int layout = csa_kernel::kLayoutThdPacked;
-  const auto bwd = set.kernels(c, Direction::kBackward, "sm_90");
-  const auto module = compressor::make_long_window_spec(c, layout, {fitted}, bwd, "sm_90", {});
-  const int slot = compressor::long_window_slot(module, c, layout, fitted, fwd);
+  int slot = -1;
+  const auto module = module_with_forward(c, fitted, slot);
   ASSERT_GE(slot, 0);
   EXPECT_EQ(module.slots.long_window.rows_forward, -1);
   const std::string policy = fmt::format(
