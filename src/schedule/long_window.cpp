@@ -76,7 +76,7 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
   // A tail runs in the lanes form (kernels/long_window_tail.cuh).
   if (c.tail.any()) s.staged = false;
   // The tail's forms: the row-stats backward of a tail with the norm and without the Hadamard
-  // transform, the row-kernel forward of any tail.
+  // transform, the row-kernel and cluster forwards of any tail (the cluster's size below).
   if (direction == Direction::kForward || !c.tail.norm || c.tail.hadamard) s.row_stats = false;
   if (direction == Direction::kBackward || !c.tail.any())
     s.tail_forward = LongWindowSchedule::TailForward::kLastSlice;
