@@ -121,7 +121,7 @@ void Service::forward_long(const Prepared& p, const ForwardArgs& a, CUstream str
   launch::LaunchShape shape;
   // One flat dimension, column slices fastest (kernels' ForwardTile).
   // NOTE: total_comp * slices < 2^31: validation keeps total_comp * head_dim below it.
-  const std::int64_t slices = (a.config.head_dim + b.schedule.cols - 1) / b.schedule.cols;
+  const std::int64_t slices = b.schedule.column_slices(a.config.head_dim);
   shape.grid_x = static_cast<unsigned>(a.total_comp * slices);
   params.prefetch_early =
       schedule::forward_prefetches_early(shape.grid_x, p.device.sm_count, b.resident_ctas) ? 1 : 0;

@@ -154,7 +154,7 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
          c.head_dim);
   }
   // The cluster form: a cluster of 2 to kTailClusterMaxSlices column slices, sm_90 and newer.
-  const int slices = (c.head_dim + s.cols - 1) / s.cols;
+  const int slices = s.column_slices(c.head_dim);
   if (s.cluster() && (parse::compute_capability(arch).value_or(0) < 90 || slices < 2 ||
                       slices > csa_kernel::kTailClusterMaxSlices))
     s.tail_forward = LongWindowSchedule::TailForward::kLastSlice;
@@ -164,7 +164,7 @@ LongWindowSchedule fit_long_window(const Config& c, LongWindowSchedule s, const 
 LongWindowGrid long_window_backward_grid(const Config& c, const LongWindowSchedule& s,
                                          std::int64_t rows, int sm_count, int resident_per_sm) {
   LongWindowGrid g;
-  g.column_slices = (c.head_dim + s.cols - 1) / s.cols;
+  g.column_slices = s.column_slices(c.head_dim);
   std::int64_t per_cta = s.rows_per_cta;
   if (per_cta <= 0) {
     const std::int64_t wave = static_cast<std::int64_t>(sm_count) * std::max(resident_per_sm, 1);

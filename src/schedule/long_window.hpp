@@ -51,6 +51,8 @@ struct LongWindowSchedule {
 
   std::string describe() const;  // every field, for logs and `csa schedule`
   int window_lanes() const { return threads / (cols / vec); }  // lanes form
+  // CTAs a row's head_dim columns span (the forward's slices, the cluster form's size).
+  int column_slices(int head_dim) const { return (head_dim + cols - 1) / cols; }
   // Lanes form: window values a thread holds (its slots of a `window`-slot window, x vec).
   int window_values(int window) const {
     return (window + window_lanes() - 1) / window_lanes() * vec;
